@@ -1,0 +1,46 @@
+"""The `atoll` command. Each subcommand lives in its own module, imported only when used.
+
+A subcommand module exposes ``add_arguments(parser)`` and ``main(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from atoll.errors import ConfigError
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("atoll.sim.cli", "run Decoupled DiLoCo and its baselines in the virtual-time driver"),
+    "goodput": ("atoll.goodput.cli", "datacenter-scale goodput simulator (chips, failures)"),
+    "bandwidth": ("atoll.bandwidth.cli", "WAN bandwidth each method needs"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atoll", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.main(args) or 0)
+    except ConfigError as exc:
+        print(f"atoll {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"atoll {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
