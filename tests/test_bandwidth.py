@@ -1,0 +1,115 @@
+"""The bandwidth formulas: hand-computed cases, inverse consistency, scaling laws, bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atoll.bandwidth import cli
+from atoll.bandwidth.model import (
+    METHODS,
+    BandwidthConfig,
+    allreduce_factor,
+    average_rate,
+    measured_vs_predicted,
+    required_bandwidth,
+    utilization,
+)
+from atoll.errors import ConfigError
+
+C = BandwidthConfig()
+
+
+def test_data_parallel_by_hand() -> None:
+    # ring over 8: 2*7/8 * 5e9 * 16 bits, hidden behind 2/3 s of backward + 1/19 s of slack
+    expected = 1.75 * 5e9 * 16 / (2 / 3 + 0.05 / 0.95)
+    assert required_bandwidth("dp", C) == pytest.approx(expected)
+
+
+def test_decoupled_by_hand() -> None:
+    # 2 fragments of 5e9/24 int4 values in flight, each given 2 s + 1/19 s
+    expected = 2 * (5e9 / 24 * 4) / (2 + 0.05 / 0.95)
+    assert required_bandwidth("decoupled", C) == pytest.approx(expected)
+
+
+def test_allreduce_factors() -> None:
+    assert allreduce_factor("ring", 2) == 1.0
+    assert allreduce_factor("ring", 8) == 1.75
+    assert allreduce_factor("star", 8) == 1.0
+    assert allreduce_factor("naive", 8) == 7.0
+
+
+def test_sync_every_h_steps_divides_the_average_rate_by_h() -> None:
+    ratio = average_rate("dp", replace(C, bits_dp=C.bits)) / average_rate("diloco", C)
+    assert ratio == pytest.approx(C.H)
+    assert average_rate("streaming", C) == pytest.approx(average_rate("diloco", C))
+
+
+def test_latency_beyond_the_slack_needs_infinite_bandwidth() -> None:
+    assert required_bandwidth("dp", replace(C, latency_s=5.0)) == math.inf
+    assert math.isfinite(required_bandwidth("decoupled", replace(C, latency_s=1.0)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(method=st.sampled_from(METHODS), u=st.floats(0.5, 0.995),
+       params=st.floats(1e7, 1e12), step=st.floats(0.05, 30), dcs=st.integers(2, 64),
+       tau=st.integers(1, 4), pattern=st.sampled_from(["ring", "star", "naive"]))
+def test_required_bandwidth_reaches_the_target_and_scales(
+    method: str, u: float, params: float, step: float, dcs: int, tau: int, pattern: str,
+) -> None:
+    c = replace(C, utilization=u, params=params, step_s=step, datacenters=dcs, tau=tau,
+                pattern=pattern)
+    w = required_bandwidth(method, c)
+    assert utilization(method, c, w) >= u - 1e-9
+    assert w >= average_rate(method, c) * u * (1 - 1e-12)  # the link carries every sync
+    # twice the model -> twice the bandwidth; twice the step time -> half
+    assert required_bandwidth(method, replace(c, params=2 * params)) == pytest.approx(2 * w)
+    assert required_bandwidth(method, replace(c, step_s=2 * step)) == pytest.approx(w / 2)
+    assert required_bandwidth(method, replace(c, utilization=min(0.999, u + 0.004))) >= w
+
+
+def test_measured_vs_predicted_on_synthetic_traffic() -> None:
+    duration = 3600.0
+    exact = average_rate("decoupled", C) * duration / 8
+    assert measured_vs_predicted("decoupled", C, exact, duration) == pytest.approx(1.0)
+    assert measured_vs_predicted("decoupled", C, 1.25 * exact, duration) == pytest.approx(1.25)
+    assert measured_vs_predicted("dp", C, exact, duration) < 0.01
+    with pytest.raises(ConfigError):
+        measured_vs_predicted("decoupled", C, exact, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "setting"),
+    [({"params": 0}, "params"), ({"datacenters": 1}, "datacenters"),
+     ({"utilization": 1.0}, "utilization"), ({"pattern": "mesh"}, "pattern"),
+     ({"fragments": 48}, "fragments"), ({"tau": 0}, "tau"), ({"latency_s": -1}, "latency_s")],
+)
+def test_bad_config_names_the_setting(change: dict, setting: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        replace(C, **change)
+    assert err.value.setting == setting
+
+
+def test_unknown_method() -> None:
+    with pytest.raises(ConfigError) as err:
+        required_bandwidth("allgather", C)
+    assert err.value.setting == "method"
+
+
+def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    out = tmp_path / "bw.json"
+    assert cli.main(parser.parse_args(["--sensitivity", "--json", str(out)])) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["methods"]) == set(METHODS)
+    assert doc["methods"]["dp"]["required_gbps"] > 100 * doc["methods"]["decoupled"][
+        "required_gbps"]
+    assert "decoupled" in capsys.readouterr().out
