@@ -58,14 +58,27 @@ def test_latency_beyond_the_slack_needs_infinite_bandwidth() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(method=st.sampled_from(METHODS), u=st.floats(0.5, 0.995),
-       params=st.floats(1e7, 1e12), step=st.floats(0.05, 30), dcs=st.integers(2, 64),
-       tau=st.integers(1, 4), pattern=st.sampled_from(["ring", "star", "naive"]))
+@given(
+    method=st.sampled_from(METHODS),
+    u=st.floats(0.5, 0.995),
+    params=st.floats(1e7, 1e12),
+    step=st.floats(0.05, 30),
+    dcs=st.integers(2, 64),
+    tau=st.integers(1, 4),
+    pattern=st.sampled_from(["ring", "star", "naive"]),
+)
 def test_required_bandwidth_reaches_the_target_and_scales(
-    method: str, u: float, params: float, step: float, dcs: int, tau: int, pattern: str,
+    method: str,
+    u: float,
+    params: float,
+    step: float,
+    dcs: int,
+    tau: int,
+    pattern: str,
 ) -> None:
-    c = replace(C, utilization=u, params=params, step_s=step, datacenters=dcs, tau=tau,
-                pattern=pattern)
+    c = replace(
+        C, utilization=u, params=params, step_s=step, datacenters=dcs, tau=tau, pattern=pattern
+    )
     w = required_bandwidth(method, c)
     assert utilization(method, c, w) >= u - 1e-9
     assert w >= average_rate(method, c) * u * (1 - 1e-12)  # the link carries every sync
@@ -87,9 +100,15 @@ def test_measured_vs_predicted_on_synthetic_traffic() -> None:
 
 @pytest.mark.parametrize(
     ("change", "setting"),
-    [({"params": 0}, "params"), ({"datacenters": 1}, "datacenters"),
-     ({"utilization": 1.0}, "utilization"), ({"pattern": "mesh"}, "pattern"),
-     ({"fragments": 48}, "fragments"), ({"tau": 0}, "tau"), ({"latency_s": -1}, "latency_s")],
+    [
+        ({"params": 0}, "params"),
+        ({"datacenters": 1}, "datacenters"),
+        ({"utilization": 1.0}, "utilization"),
+        ({"pattern": "mesh"}, "pattern"),
+        ({"fragments": 48}, "fragments"),
+        ({"tau": 0}, "tau"),
+        ({"latency_s": -1}, "latency_s"),
+    ],
 )
 def test_bad_config_names_the_setting(change: dict, setting: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -110,6 +129,7 @@ def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert cli.main(parser.parse_args(["--sensitivity", "--json", str(out)])) == 0
     doc = json.loads(out.read_text())
     assert set(doc["methods"]) == set(METHODS)
-    assert doc["methods"]["dp"]["required_gbps"] > 100 * doc["methods"]["decoupled"][
-        "required_gbps"]
+    assert (
+        doc["methods"]["dp"]["required_gbps"] > 100 * doc["methods"]["decoupled"]["required_gbps"]
+    )
     assert "decoupled" in capsys.readouterr().out

@@ -16,12 +16,26 @@ from atoll.goodput.simulate import simulate
 
 DAY = 86400.0
 YEAR = 365 * DAY
-C = Constants(restart_s=60.0, checkpoint_cost_s=1.0, downscale_s=20.0, upscale_s=10.0,
-              rejoin_wait_s=60.0, speed_sigma=0.0, slice_chips=375)
+C = Constants(
+    restart_s=60.0,
+    checkpoint_cost_s=1.0,
+    downscale_s=20.0,
+    upscale_s=10.0,
+    rejoin_wait_s=60.0,
+    speed_sigma=0.0,
+    slice_chips=375,
+)
 
 
-def run(name: str, chips: int, days: float = 20.0, seed: int = 0, c: Constants = C,
-        mtbi_s: float = YEAR, quorum: int = 1):
+def run(
+    name: str,
+    chips: int,
+    days: float = 20.0,
+    seed: int = 0,
+    c: Constants = C,
+    mtbi_s: float = YEAR,
+    quorum: int = 1,
+):
     return simulate(parse_system(name, quorum), Cluster(chips, mtbi_s), c, days * DAY, seed)
 
 
@@ -55,8 +69,10 @@ def test_m_learners_behave_like_one_elastic_job_on_n_over_m(learners: int) -> No
 
 
 def test_ordering_matches_the_paper() -> None:
-    g = [run(n, 600_000, days=5).goodput
-         for n in ("dp", "dp_elastic", "decoupled_m2", "decoupled_m4", "decoupled_m16")]
+    g = [
+        run(n, 600_000, days=5).goodput
+        for n in ("dp", "dp_elastic", "decoupled_m2", "decoupled_m4", "decoupled_m16")
+    ]
     assert g == sorted(g)
 
 
@@ -65,8 +81,7 @@ def test_ordering_matches_the_paper() -> None:
 def test_simulation_agrees_with_closed_form(name: str, chips: int) -> None:
     c = replace(C, speed_sigma=0.002)
     sim = run(name, chips, days=20, c=c).goodput
-    assert sim == pytest.approx(expected_goodput(parse_system(name), Cluster(chips), c),
-                                abs=0.01)
+    assert sim == pytest.approx(expected_goodput(parse_system(name), Cluster(chips), c), abs=0.01)
 
 
 def test_quorum_costs_goodput_and_agrees_with_closed_form() -> None:
@@ -75,12 +90,16 @@ def test_quorum_costs_goodput_and_agrees_with_closed_form() -> None:
     k4 = run("decoupled_m4", chips, days=10, c=c, quorum=4)
     assert k4.goodput < k1 - 0.05
     assert k4.goodput == pytest.approx(
-        expected_goodput(parse_system("decoupled_m4", 4), Cluster(chips), c), abs=0.02)
+        expected_goodput(parse_system("decoupled_m4", 4), Cluster(chips), c), abs=0.02
+    )
 
 
 def test_deterministic_given_seed() -> None:
-    a, b, other = run("decoupled_m4", 300_000, seed=3), run("decoupled_m4", 300_000, seed=3), \
-        run("decoupled_m4", 300_000, seed=4)
+    a, b, other = (
+        run("decoupled_m4", 300_000, seed=3),
+        run("decoupled_m4", 300_000, seed=3),
+        run("decoupled_m4", 300_000, seed=4),
+    )
     assert a.goodput == b.goodput and np.array_equal(a.timeline_goodput, b.timeline_goodput)
     assert a.goodput != other.goodput
 
@@ -118,8 +137,9 @@ def test_recovery_delay_matches_exponentiated_weibull() -> None:
         ("decoupled_m0", 150_000, YEAR, 1, "system"),
     ],
 )
-def test_bad_input_names_the_setting(name: str, chips: int, mtbi: float, quorum: int,
-                                     setting: str) -> None:
+def test_bad_input_names_the_setting(
+    name: str, chips: int, mtbi: float, quorum: int, setting: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         simulate(parse_system(name, quorum), Cluster(chips, mtbi), C, DAY)
     assert err.value.setting == setting
@@ -128,19 +148,29 @@ def test_bad_input_names_the_setting(name: str, chips: int, mtbi: float, quorum:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    restart=st.floats(0, 600), down=st.floats(0, 300), up=st.floats(0, 300),
-    wait=st.floats(0, 600), sigma=st.floats(0, 0.01),
-    slices=st.sampled_from([32, 64, 400, 6400]), learners=st.sampled_from([1, 2, 4, 16]),
+    restart=st.floats(0, 600),
+    down=st.floats(0, 300),
+    up=st.floats(0, 300),
+    wait=st.floats(0, 600),
+    sigma=st.floats(0, 0.01),
+    slices=st.sampled_from([32, 64, 400, 6400]),
+    learners=st.sampled_from([1, 2, 4, 16]),
 )
 def test_closed_form_is_a_fraction_and_falls_with_failure_rate(
-    restart: float, down: float, up: float, wait: float, sigma: float, slices: int,
+    restart: float,
+    down: float,
+    up: float,
+    wait: float,
+    sigma: float,
+    slices: int,
     learners: int,
 ) -> None:
     # With a free down-scale but a costly up-scale, more failures can save up-scales (a
     # recovered slice rides along with the next down-scale): the law needs down >= up.
     assume(down >= up)
-    c = replace(C, restart_s=restart, downscale_s=down, upscale_s=up, rejoin_wait_s=wait,
-                speed_sigma=sigma)
+    c = replace(
+        C, restart_s=restart, downscale_s=down, upscale_s=up, rejoin_wait_s=wait, speed_sigma=sigma
+    )
     name = "dp" if learners == 1 else f"decoupled_m{learners}"
     rare = expected_goodput(parse_system(name), Cluster(slices * 375, YEAR), c)
     often = expected_goodput(parse_system(name), Cluster(slices * 375, YEAR / 4), c)
@@ -148,11 +178,15 @@ def test_closed_form_is_a_fraction_and_falls_with_failure_rate(
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**31), slices=st.sampled_from([32, 160, 1600]),
-       name=st.sampled_from(["dp", "dp_elastic", "decoupled_m2", "decoupled_m16"]),
-       mtbi_days=st.floats(0.5, 3650))
-def test_simulated_goodput_and_uptime_are_fractions(seed: int, slices: int, name: str,
-                                                     mtbi_days: float) -> None:
+@given(
+    seed=st.integers(0, 2**31),
+    slices=st.sampled_from([32, 160, 1600]),
+    name=st.sampled_from(["dp", "dp_elastic", "decoupled_m2", "decoupled_m16"]),
+    mtbi_days=st.floats(0.5, 3650),
+)
+def test_simulated_goodput_and_uptime_are_fractions(
+    seed: int, slices: int, name: str, mtbi_days: float
+) -> None:
     r = run(name, slices * 375, days=1.0, seed=seed, mtbi_s=mtbi_days * DAY)
     assert 0.0 <= r.goodput <= r.uptime + 1e-12 <= 1.0 + 1e-9
     assert np.all((r.timeline_goodput >= -1e-12) & (r.timeline_goodput <= 1.0 + 1e-9))

@@ -14,10 +14,20 @@ from atoll.goodput import Cluster, Constants, calibrate, cli, expected_goodput, 
 
 
 def test_fit_recovers_constants_that_generated_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    truth = Constants(restart_s=45.0, checkpoint_cost_s=2.0, downscale_s=12.0, upscale_s=25.0,
-                      rejoin_wait_s=120.0, speed_sigma=0.0)
-    fake = {s: tuple(expected_goodput(parse_system(s), Cluster(n), truth)
-                     for n in calibrate.TABLE_CHIPS) for s in calibrate.FIT_ON}
+    truth = Constants(
+        restart_s=45.0,
+        checkpoint_cost_s=2.0,
+        downscale_s=12.0,
+        upscale_s=25.0,
+        rejoin_wait_s=120.0,
+        speed_sigma=0.0,
+    )
+    fake = {
+        s: tuple(
+            expected_goodput(parse_system(s), Cluster(n), truth) for n in calibrate.TABLE_CHIPS
+        )
+        for s in calibrate.FIT_ON
+    }
     monkeypatch.setattr(calibrate, "PAPER", {**calibrate.PAPER, **fake})
     got = calibrate.fit(Constants(speed_sigma=0.0), fixed=frozenset({"speed_sigma"}))
     for name in ("restart_s", "checkpoint_cost_s", "downscale_s", "upscale_s", "rejoin_wait_s"):
@@ -26,8 +36,9 @@ def test_fit_recovers_constants_that_generated_the_rows(monkeypatch: pytest.Monk
 
 def test_fit_never_sees_the_decoupled_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     before = calibrate.fit()
-    scrambled = {k: (v if k in calibrate.FIT_ON else (0.1,) * 5)
-                 for k, v in calibrate.PAPER.items()}
+    scrambled = {
+        k: (v if k in calibrate.FIT_ON else (0.1,) * 5) for k, v in calibrate.PAPER.items()
+    }
     monkeypatch.setattr(calibrate, "PAPER", scrambled)
     assert calibrate.fit() == before
 
@@ -43,14 +54,14 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_table_json_has_the_promised_shape(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_json_has_the_promised_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "table.json"
     assert cli.main(_args("--table", "--days", "1", "--json", str(out))) == 0
     doc = json.loads(out.read_text())
     assert len(doc["cells"]) == 30
-    systems = {"dp", "dp_elastic", "decoupled_m2", "decoupled_m4", "decoupled_m8",
-               "decoupled_m16"}
+    systems = {"dp", "dp_elastic", "decoupled_m2", "decoupled_m4", "decoupled_m8", "decoupled_m16"}
     for cell in doc["cells"]:
         assert set(cell) == {"system", "chips", "goodput", "paper"}
         assert cell["system"] in systems and isinstance(cell["chips"], int)
@@ -62,8 +73,22 @@ def test_table_json_has_the_promised_shape(tmp_path: Path,
 
 def test_single_run_prints_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "t.png"
-    code = cli.main(_args("--chips", "30000", "--days", "1", "--systems", "dp,decoupled_m4",
-                          "--quorum", "2", "--plot", str(png), "--restart-s", "30"))
+    code = cli.main(
+        _args(
+            "--chips",
+            "30000",
+            "--days",
+            "1",
+            "--systems",
+            "dp,decoupled_m4",
+            "--quorum",
+            "2",
+            "--plot",
+            str(png),
+            "--restart-s",
+            "30",
+        )
+    )
     assert code == 0 and png.stat().st_size > 1000
     assert "decoupled_m4" in capsys.readouterr().out
 
@@ -80,7 +105,23 @@ def test_single_run_prints_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtu
 )
 def test_cli_bad_input(argv: tuple[str, ...], setting: str) -> None:
     with pytest.raises(ConfigError) as err:
-        cli.main(_args(*argv, "--days", "0.1", "--restart-s", "1", "--checkpoint-cost-s", "1",
-                       "--downscale-s", "1", "--upscale-s", "1", "--rejoin-wait-s", "1",
-                       "--speed-sigma", "0"))
+        cli.main(
+            _args(
+                *argv,
+                "--days",
+                "0.1",
+                "--restart-s",
+                "1",
+                "--checkpoint-cost-s",
+                "1",
+                "--downscale-s",
+                "1",
+                "--upscale-s",
+                "1",
+                "--rejoin-wait-s",
+                "1",
+                "--speed-sigma",
+                "0",
+            )
+        )
     assert err.value.setting == setting

@@ -11,5 +11,10 @@ from atoll.bandwidth.model import (
     utilization,
 )
 
-__all__ = ["BandwidthConfig", "average_rate", "measured_vs_predicted", "required_bandwidth",
-           "utilization"]
+__all__ = [
+    "BandwidthConfig",
+    "average_rate",
+    "measured_vs_predicted",
+    "required_bandwidth",
+    "utilization",
+]

@@ -30,19 +30,33 @@ VARIANTS: dict[str, list[object]] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = BandwidthConfig()
     for f in fields(BandwidthConfig):
-        kind = str if f.name == "pattern" else (int if isinstance(getattr(d, f.name), int)
-                                                else float)
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
-                            default=getattr(d, f.name), help=f"default {getattr(d, f.name)}")
-    parser.add_argument("--sensitivity", action="store_true",
-                        help="also vary each assumption and compare with the paper's figures")
+        kind = (
+            str if f.name == "pattern" else (int if isinstance(getattr(d, f.name), int) else float)
+        )
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=kind,
+            default=getattr(d, f.name),
+            help=f"default {getattr(d, f.name)}",
+        )
+    parser.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also vary each assumption and compare with the paper's figures",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write results as JSON here")
 
 
 def evaluate(c: BandwidthConfig) -> dict:
     """Required and average bandwidth (Gbps) of every method under `c`."""
-    return {m: {"required_gbps": required_bandwidth(m, c) / 1e9,
-                "average_gbps": average_rate(m, c) / 1e9} for m in METHODS}
+    return {
+        m: {
+            "required_gbps": required_bandwidth(m, c) / 1e9,
+            "average_gbps": average_rate(m, c) / 1e9,
+        }
+        for m in METHODS
+    }
 
 
 def sensitivity(c: BandwidthConfig) -> list[dict]:
@@ -52,17 +66,26 @@ def sensitivity(c: BandwidthConfig) -> list[dict]:
         for value in values:
             v = replace(c, **{name: value})
             dp, dec = required_bandwidth("dp", v) / 1e9, required_bandwidth("decoupled", v) / 1e9
-            rows.append({"setting": name, "value": value, "dp_gbps": dp, "decoupled_gbps": dec,
-                         "ratio": dp / dec})
+            rows.append(
+                {
+                    "setting": name,
+                    "value": value,
+                    "dp_gbps": dp,
+                    "decoupled_gbps": dec,
+                    "ratio": dp / dec,
+                }
+            )
     return rows
 
 
 def main(args: argparse.Namespace) -> int:
     c = BandwidthConfig(**{f.name: getattr(args, f.name) for f in fields(BandwidthConfig)})
     result = evaluate(c)
-    print(f"{c.params / 1e9:g}B params, {c.step_s:g} s/step, {c.datacenters} datacenters "
-          f"({c.pattern}), utilisation {100 * c.utilization:g}%, P={c.fragments} H={c.H} "
-          f"tau={c.tau}, {c.bits_dp:g}-bit dp / {c.bits:g}-bit outer")
+    print(
+        f"{c.params / 1e9:g}B params, {c.step_s:g} s/step, {c.datacenters} datacenters "
+        f"({c.pattern}), utilisation {100 * c.utilization:g}%, P={c.fragments} H={c.H} "
+        f"tau={c.tau}, {c.bits_dp:g}-bit dp / {c.bits:g}-bit outer"
+    )
     print(f"{'method':<11}{'required Gbps':>15}{'average Gbps':>14}{'paper':>8}")
     for m, r in result.items():
         paper = f"{PAPER_GBPS[m]:g}" if m in PAPER_GBPS else ""
@@ -76,8 +99,10 @@ def main(args: argparse.Namespace) -> int:
         for row in doc["sensitivity"]:
             value = row["value"]
             shown = f"{value:.3g}" if isinstance(value, float) else str(value)
-            print(f"{row['setting']:<18}{shown:>8}{row['dp_gbps']:>10.4g}"
-                  f"{row['decoupled_gbps']:>11.3g}{row['ratio']:>8.0f}")
+            print(
+                f"{row['setting']:<18}{shown:>8}{row['dp_gbps']:>10.4g}"
+                f"{row['decoupled_gbps']:>11.3g}{row['ratio']:>8.0f}"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))

@@ -106,8 +106,7 @@ def sync_shape(method: str, c: BandwidthConfig) -> SyncShape:
     if method == "diloco":
         return SyncShape(a * c.params * c.bits, float(c.H), backward, 1.0)
     if method == "streaming":
-        return SyncShape(a * per_fragment * c.bits, c.H / c.fragments, c.tau * c.step_s,
-                         in_flight)
+        return SyncShape(a * per_fragment * c.bits, c.H / c.fragments, c.tau * c.step_s, in_flight)
     if method == "decoupled":
         return SyncShape(per_fragment * c.bits, c.H / c.fragments, c.tau * c.step_s, in_flight)
     raise ConfigError("method", method, ", ".join(METHODS))
@@ -132,8 +131,7 @@ def utilization(method: str, c: BandwidthConfig, bandwidth_bps: float) -> float:
     if not bandwidth_bps > 0:
         raise ConfigError("bandwidth_bps", bandwidth_bps, "a positive number")
     shape = sync_shape(method, c)
-    stall = max(0.0, shape.in_flight * shape.bits / bandwidth_bps + c.latency_s
-                - shape.window_s)
+    stall = max(0.0, shape.in_flight * shape.bits / bandwidth_bps + c.latency_s - shape.window_s)
     compute = shape.steps * c.step_s
     return compute / (compute + stall)
 
@@ -144,8 +142,9 @@ def average_rate(method: str, c: BandwidthConfig) -> float:
     return shape.bits / (shape.steps * c.step_s)
 
 
-def measured_vs_predicted(method: str, c: BandwidthConfig, measured_bytes: float,
-                          duration_s: float) -> float:
+def measured_vs_predicted(
+    method: str, c: BandwidthConfig, measured_bytes: float, duration_s: float
+) -> float:
     """Ratio of bytes measured on one link (one direction) over `duration_s` to the model's
     prediction for that duration. 1.0 means the model is exact; > 1 the run sent more."""
     if not measured_bytes >= 0:

@@ -10,5 +10,13 @@ from atoll.goodput.failures import RecoveryDelay
 from atoll.goodput.simulate import Result, simulate
 from atoll.goodput.systems import Cluster, Constants, System, parse_system
 
-__all__ = ["Cluster", "Constants", "RecoveryDelay", "Result", "System", "expected_goodput",
-           "parse_system", "simulate"]
+__all__ = [
+    "Cluster",
+    "Constants",
+    "RecoveryDelay",
+    "Result",
+    "System",
+    "expected_goodput",
+    "parse_system",
+    "simulate",
+]

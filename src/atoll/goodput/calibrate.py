@@ -30,8 +30,14 @@ PAPER: dict[str, tuple[float, ...]] = {
     "decoupled_m16": (0.99, 0.98, 0.96, 0.93, 0.86),
 }
 FIT_ON = ("dp", "dp_elastic")
-FITTED = ("restart_s", "checkpoint_cost_s", "downscale_s", "upscale_s", "rejoin_wait_s",
-          "speed_sigma")
+FITTED = (
+    "restart_s",
+    "checkpoint_cost_s",
+    "downscale_s",
+    "upscale_s",
+    "rejoin_wait_s",
+    "speed_sigma",
+)
 _START = np.array([60.0, 1.0, 20.0, 15.0, 60.0, 0.001])
 _LOWER = np.array([0.0, 1e-3, 0.0, 0.0, 0.0, 0.0])
 _UPPER = np.array([3600.0, 600.0, 3600.0, 3600.0, 3600.0, 0.02])
@@ -50,16 +56,26 @@ def fit(base: Constants | None = None, fixed: frozenset[str] = frozenset()) -> C
 
     def residuals(x: np.ndarray) -> np.ndarray:
         c = replace(base, **dict(zip(names, map(float, x), strict=True)))
-        return np.array([expected_goodput(parse_system(s), Cluster(n), c) - p
-                         for s in FIT_ON for n, p in zip(TABLE_CHIPS, PAPER[s], strict=True)])
+        return np.array(
+            [
+                expected_goodput(parse_system(s), Cluster(n), c) - p
+                for s in FIT_ON
+                for n, p in zip(TABLE_CHIPS, PAPER[s], strict=True)
+            ]
+        )
 
-    sol = least_squares(residuals, _START[free], bounds=(_LOWER[free], _UPPER[free]),
-                        x_scale=_START[free])
+    sol = least_squares(
+        residuals, _START[free], bounds=(_LOWER[free], _UPPER[free]), x_scale=_START[free]
+    )
     return replace(base, **dict(zip(names, map(float, sol.x), strict=True)))
 
 
-def table(base: Constants | None = None, fixed: frozenset[str] = frozenset(),
-          horizon_s: float = 30 * 86400.0, seed: int = 0) -> dict:
+def table(
+    base: Constants | None = None,
+    fixed: frozenset[str] = frozenset(),
+    horizon_s: float = 30 * 86400.0,
+    seed: int = 0,
+) -> dict:
     """Fit on the data-parallel rows, then simulate the paper's whole table.
 
     Returns the JSON document written by ``atoll goodput --table --json``.
@@ -71,8 +87,9 @@ def table(base: Constants | None = None, fixed: frozenset[str] = frozenset(),
     for name in TABLE_SYSTEMS:
         for i, chips in enumerate(TABLE_CHIPS):
             result = simulate(parse_system(name), Cluster(chips), fitted, horizon_s, seed + i)
-            cells.append({"system": name, "chips": chips, "goodput": result.goodput,
-                          "paper": PAPER[name][i]})
+            cells.append(
+                {"system": name, "chips": chips, "goodput": result.goodput, "paper": PAPER[name][i]}
+            )
     errors = np.array([c["goodput"] - c["paper"] for c in cells])
     predicted = np.array([c["system"] not in FIT_ON for c in cells])
     fitted_doc = {k: v for k, v in asdict(fitted).items() if k != "recovery"}

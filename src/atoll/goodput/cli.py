@@ -11,29 +11,51 @@ from atoll.errors import ConfigError
 from atoll.goodput.failures import RecoveryDelay
 from atoll.goodput.systems import TABLE_SYSTEMS, Cluster, Constants, parse_system
 
-_TIMING = ("restart_s", "checkpoint_cost_s", "downscale_s", "upscale_s", "rejoin_wait_s",
-           "speed_sigma")
+_TIMING = (
+    "restart_s",
+    "checkpoint_cost_s",
+    "downscale_s",
+    "upscale_s",
+    "rejoin_wait_s",
+    "speed_sigma",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chips", type=int, default=1_200_000, help="chips (default 1.2M)")
-    parser.add_argument("--mtbi-days", type=float, default=365.0,
-                        help="each chip's mean time between interruptions, days (default 365)")
-    parser.add_argument("--systems", default=",".join(TABLE_SYSTEMS),
-                        help="comma-separated: dp, dp_elastic, decoupled_m<M>")
+    parser.add_argument(
+        "--mtbi-days",
+        type=float,
+        default=365.0,
+        help="each chip's mean time between interruptions, days (default 365)",
+    )
+    parser.add_argument(
+        "--systems",
+        default=",".join(TABLE_SYSTEMS),
+        help="comma-separated: dp, dp_elastic, decoupled_m<M>",
+    )
     parser.add_argument("--quorum", type=int, default=1, help="Decoupled quorum K (default 1)")
     parser.add_argument("--days", type=float, default=30.0, help="simulated days (default 30)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slice-chips", type=int, default=Constants.slice_chips)
     for name in _TIMING:
-        parser.add_argument("--" + name.replace("_", "-"), type=float, default=None,
-                            help="fix this constant instead of fitting it on the paper's "
-                                 "data-parallel rows")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=float,
+            default=None,
+            help="fix this constant instead of fitting it on the paper's data-parallel rows",
+        )
     default = RecoveryDelay()
-    parser.add_argument("--recovery", default=f"{default.a},{default.c},{default.scale_s}",
-                        help="exponentiated Weibull recovery delay a,c,scale_s")
-    parser.add_argument("--table", action="store_true",
-                        help="fit on the data-parallel rows, simulate the paper's whole table")
+    parser.add_argument(
+        "--recovery",
+        default=f"{default.a},{default.c},{default.scale_s}",
+        help="exponentiated Weibull recovery delay a,c,scale_s",
+    )
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="fit on the data-parallel rows, simulate the paper's whole table",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a timeline PNG here")
 
@@ -46,8 +68,9 @@ def _constants(args: argparse.Namespace) -> tuple[Constants, frozenset[str]]:
     if min(a, c, scale) <= 0:
         raise ConfigError("recovery", args.recovery, "a, c and scale_s all positive")
     given = {n: getattr(args, n) for n in _TIMING if getattr(args, n) is not None}
-    base = replace(Constants(), slice_chips=args.slice_chips,
-                   recovery=RecoveryDelay(a, c, scale), **given)
+    base = replace(
+        Constants(), slice_chips=args.slice_chips, recovery=RecoveryDelay(a, c, scale), **given
+    )
     return base, frozenset(given)
 
 
@@ -80,17 +103,32 @@ def main(args: argparse.Namespace) -> int:
     constants = fit(base, fixed)
     results = [simulate(s, cluster, constants, args.days * 86400.0, args.seed) for s in systems]
     rate_s = cluster.mtbi_s / cluster.chips
-    print(f"{cluster.chips:,} chips, chip MTBI {args.mtbi_days:g} days "
-          f"(one interruption every {rate_s:.1f} s), {args.days:g} simulated days")
+    print(
+        f"{cluster.chips:,} chips, chip MTBI {args.mtbi_days:g} days "
+        f"(one interruption every {rate_s:.1f} s), {args.days:g} simulated days"
+    )
     print(f"{'system':<16}{'goodput':>9}{'uptime':>9}{'interruptions':>15}")
     for r in results:
-        print(f"{r.system:<16}{100 * r.goodput:>8.1f}%{100 * r.uptime:>8.1f}%"
-              f"{r.interruptions:>15,}")
+        print(
+            f"{r.system:<16}{100 * r.goodput:>8.1f}%{100 * r.uptime:>8.1f}%{r.interruptions:>15,}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(
-            [{"system": r.system, "chips": r.chips, "goodput": r.goodput, "uptime": r.uptime,
-              "interruptions": r.interruptions} for r in results], indent=1))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "system": r.system,
+                        "chips": r.chips,
+                        "goodput": r.goodput,
+                        "uptime": r.uptime,
+                        "interruptions": r.interruptions,
+                    }
+                    for r in results
+                ],
+                indent=1,
+            )
+        )
     if args.plot:
         from atoll.goodput.plot import plot_timeline
 
@@ -107,13 +145,18 @@ def format_table(doc: dict) -> str:
     head = "".join(f"{n / 1e6:>17g}M" for n in chips)
     lines = [f"{'system':<15}{head}", f"{'':<15}" + "   sim paper diff " * len(chips)]
     for name, cells in by_system.items():
-        row = "".join(f"{100 * c['goodput']:>6.1f}{100 * c['paper']:>5.0f}"
-                      f"{100 * (c['goodput'] - c['paper']):>+6.1f} " for c in cells)
+        row = "".join(
+            f"{100 * c['goodput']:>6.1f}{100 * c['paper']:>5.0f}"
+            f"{100 * (c['goodput'] - c['paper']):>+6.1f} "
+            for c in cells
+        )
         lines.append(f"{name:<15}{row}")
     s = doc["summary"]
-    lines.append(f"MAE fitted rows {100 * s['mae_fit_rows']:.2f} pts; MAE Decoupled rows "
-                 f"(predictions) {100 * s['mae_decoupled_rows']:.2f} pts; max |diff| "
-                 f"{100 * s['max_abs_error']:.2f} pts")
+    lines.append(
+        f"MAE fitted rows {100 * s['mae_fit_rows']:.2f} pts; MAE Decoupled rows "
+        f"(predictions) {100 * s['mae_decoupled_rows']:.2f} pts; max |diff| "
+        f"{100 * s['max_abs_error']:.2f} pts"
+    )
     fitted = ", ".join(f"{k}={doc['fitted'][k]:.4g}" for k in doc["fitted"]["fitted_names"])
     lines.append(f"fitted on {'+'.join(doc['fitted']['fitted_on'])}: {fitted}")
     return "\n".join(lines)

@@ -17,8 +17,12 @@ def plot_timeline(results: list[Result], path: str | Path, title: str = "") -> P
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for r in results:
         centres = 0.5 * (r.timeline_s[1:] + r.timeline_s[:-1]) / 86400.0
-        ax.step(centres, 100.0 * r.timeline_goodput, where="mid",
-                label=f"{r.system} ({100.0 * r.goodput:.1f}%)")
+        ax.step(
+            centres,
+            100.0 * r.timeline_goodput,
+            where="mid",
+            label=f"{r.system} ({100.0 * r.goodput:.1f}%)",
+        )
     ax.set_xlabel("simulated time (days)")
     ax.set_ylabel("useful compute (% of allocated chips)")
     ax.set_ylim(0, 101)

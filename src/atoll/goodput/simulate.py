@@ -55,7 +55,8 @@ class Result:
 
 
 def _draw_cycles(
-    draw: Callable[[int], tuple[np.ndarray, list[np.ndarray]]], mean_cycle_s: float,
+    draw: Callable[[int], tuple[np.ndarray, list[np.ndarray]]],
+    mean_cycle_s: float,
     horizon_s: float,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Draw batches of cycles until their lengths add up past the horizon."""
@@ -71,8 +72,9 @@ def _draw_cycles(
     return np.concatenate(lengths), [np.concatenate(c) for c in zip(*columns, strict=True)]
 
 
-def dp_segments(chips: int, rate: float, c: Constants, speed: float, horizon_s: float,
-                rng: np.random.Generator) -> Segments:
+def dp_segments(
+    chips: int, rate: float, c: Constants, speed: float, horizon_s: float, rng: np.random.Generator
+) -> Segments:
     """Running segments of a non-elastic data-parallel job."""
     interval = np.sqrt(2.0 * c.checkpoint_cost_s / rate)  # Young/Daly checkpoint interval
     period = interval + c.checkpoint_cost_s
@@ -88,8 +90,9 @@ def dp_segments(chips: int, rate: float, c: Constants, speed: float, horizon_s: 
     return start, start + up, useful_rate, np.ones(len(up), dtype=bool)
 
 
-def elastic_segments(chips: int, rate: float, c: Constants, speed: float, horizon_s: float,
-                     rng: np.random.Generator) -> Segments:
+def elastic_segments(
+    chips: int, rate: float, c: Constants, speed: float, horizon_s: float, rng: np.random.Generator
+) -> Segments:
     """Running segments of a slice-elastic job."""
     first = rng.exponential(1.0 / rate)  # starts with every slice in, until an interruption
 
@@ -110,15 +113,20 @@ def elastic_segments(chips: int, rate: float, c: Constants, speed: float, horizo
     full_start = start + short + c.upscale_s
     starts = np.concatenate([[0.0], start, full_start[~hit]])
     ends = np.concatenate([[first], start + short, full_start[~hit] + full[~hit]])
-    rates = np.concatenate([[chips * speed],
-                            np.full(len(start), (chips - c.slice_chips) * speed),
-                            np.full(int((~hit).sum()), chips * speed)])
+    rates = np.concatenate(
+        [
+            [chips * speed],
+            np.full(len(start), (chips - c.slice_chips) * speed),
+            np.full(int((~hit).sum()), chips * speed),
+        ]
+    )
     ended = np.concatenate([[True], hit, np.ones(int((~hit).sum()), dtype=bool)])
     return starts, ends, rates, ended
 
 
-def sweep(segments: Segments, quorum: int, horizon_s: float, chips: int,
-          bins: int) -> tuple[float, float, int, float, np.ndarray, np.ndarray]:
+def sweep(
+    segments: Segments, quorum: int, horizon_s: float, chips: int, bins: int
+) -> tuple[float, float, int, float, np.ndarray, np.ndarray]:
     """Integrate running segments: goodput, uptime, interruptions, exposed group-seconds and
     the timeline (bin edges, goodput per bin)."""
     start, end, rate, ended = segments
@@ -144,8 +152,14 @@ def sweep(segments: Segments, quorum: int, horizon_s: float, chips: int,
     return goodput, uptime, interruptions, exposed, edges, per_bin
 
 
-def simulate(system: System, cluster: Cluster, constants: Constants, horizon_s: float,
-             seed: int = 0, bins: int = 240) -> Result:
+def simulate(
+    system: System,
+    cluster: Cluster,
+    constants: Constants,
+    horizon_s: float,
+    seed: int = 0,
+    bins: int = 240,
+) -> Result:
     """Simulate `system` on `cluster` for `horizon_s` seconds. Deterministic given `seed`."""
     validate(cluster, system, constants)
     rng = np.random.default_rng(seed)
@@ -154,10 +168,22 @@ def simulate(system: System, cluster: Cluster, constants: Constants, horizon_s: 
     rate = interruption_rate(group_chips, cluster.mtbi_s)
     speeds = sample_slowest(rng, groups, group_chips, constants.speed_sigma)
     make = dp_segments if system.kind == "dp" else elastic_segments
-    parts = [make(group_chips, rate, constants, float(speeds[g]), horizon_s, child)
-             for g, child in enumerate(rng.spawn(groups))]
+    parts = [
+        make(group_chips, rate, constants, float(speeds[g]), horizon_s, child)
+        for g, child in enumerate(rng.spawn(groups))
+    ]
     s, e, r, x = (np.concatenate(cols) for cols in zip(*parts, strict=True))
     goodput, uptime, interruptions, exposed, edges, per_bin = sweep(
-        (s, e, r, x), system.quorum, horizon_s, cluster.chips, bins)
-    return Result(system.name, cluster.chips, horizon_s, goodput, uptime, interruptions,
-                  exposed, edges, per_bin)
+        (s, e, r, x), system.quorum, horizon_s, cluster.chips, bins
+    )
+    return Result(
+        system.name,
+        cluster.chips,
+        horizon_s,
+        goodput,
+        uptime,
+        interruptions,
+        exposed,
+        edges,
+        per_bin,
+    )

@@ -24,8 +24,14 @@ from atoll.goodput.failures import SECONDS_PER_YEAR, RecoveryDelay
 
 SYSTEM_PATTERN = re.compile(r"^(dp|dp_elastic|decoupled_m(\d+))$")
 ALLOWED_SYSTEMS = "dp, dp_elastic or decoupled_m<M> (M a positive integer, e.g. decoupled_m8)"
-TABLE_SYSTEMS = ("dp", "dp_elastic", "decoupled_m2", "decoupled_m4", "decoupled_m8",
-                 "decoupled_m16")
+TABLE_SYSTEMS = (
+    "dp",
+    "dp_elastic",
+    "decoupled_m2",
+    "decoupled_m4",
+    "decoupled_m8",
+    "decoupled_m16",
+)
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,9 @@ def parse_system(name: str, quorum: int = 1) -> System:
         raise ConfigError("system", name, ALLOWED_SYSTEMS)
     if match.group(2) is None:
         if quorum != 1:
-            raise ConfigError("quorum", quorum, "1 for dp and dp_elastic (quorum is a "
-                              "Decoupled DiLoCo setting)")
+            raise ConfigError(
+                "quorum", quorum, "1 for dp and dp_elastic (quorum is a Decoupled DiLoCo setting)"
+            )
         return System(name=name, kind=name)
     learners = int(match.group(2))
     if learners < 1:
@@ -91,18 +98,27 @@ def validate(cluster: Cluster, system: System, constants: Constants) -> None:
     if constants.slice_chips <= 0:
         raise ConfigError("slice_chips", constants.slice_chips, "a positive integer")
     if cluster.chips % constants.slice_chips:
-        raise ConfigError("chips", cluster.chips,
-                          f"a multiple of the slice size {constants.slice_chips}")
+        raise ConfigError(
+            "chips", cluster.chips, f"a multiple of the slice size {constants.slice_chips}"
+        )
     slices = cluster.chips // constants.slice_chips
     if slices % system.learners:
-        raise ConfigError("learners", system.learners,
-                          f"a divisor of the number of slices ({slices} slices of "
-                          f"{constants.slice_chips} chips), so every learner gets whole slices")
+        raise ConfigError(
+            "learners",
+            system.learners,
+            f"a divisor of the number of slices ({slices} slices of "
+            f"{constants.slice_chips} chips), so every learner gets whole slices",
+        )
     if slices // system.learners < 2 and system.kind != "dp":
-        raise ConfigError("chips", cluster.chips,
-                          "at least 2 slices per elastic job or learner")
-    for name in ("restart_s", "checkpoint_cost_s", "downscale_s", "upscale_s",
-                 "rejoin_wait_s", "speed_sigma"):
+        raise ConfigError("chips", cluster.chips, "at least 2 slices per elastic job or learner")
+    for name in (
+        "restart_s",
+        "checkpoint_cost_s",
+        "downscale_s",
+        "upscale_s",
+        "rejoin_wait_s",
+        "speed_sigma",
+    ):
         value = getattr(constants, name)
         if not value >= 0:
             raise ConfigError(name, value, "a non-negative number")

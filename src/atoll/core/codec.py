@@ -1,0 +1,210 @@
+"""The wire format of a fragment payload: a flat float32 vector, quantized, framed, checked.
+
+Schemes (bits per value on the wire, before zstd, with the default group of 64):
+    fp32  32        lossless
+    bf16  16        relative error <= 2^-8 (plus 1e-38 for subnormals)
+    int8   8.25     group-wise absmax: |error| <= scale/2, scale ~ absmax/127 (bf16 scales)
+    int4   4.25     group-wise absmax: |error| <= scale/2, scale ~ absmax/7   (bf16 scales)
+
+Frame (little endian):
+    magic  b"ATF1" | version u8 | scheme u8 | flags u8 (bit 0: zstd) | reserved u8
+    numel u64 | group u32 | body_len u32 | crc32(body) u32 | body
+Decoding checks every field, the checksum and that all values are finite, and raises
+`CodecError` naming what was wrong; it never returns a partial result.
+
+Error feedback (`ErrorFeedback`): the sender adds the residual of what it could not send last
+time to the next vector, so the sum of what was sent tracks the sum of the true values.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+import zstandard
+
+from atoll.errors import ConfigError
+
+SCHEMES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
+_QMAX = {"int8": 127, "int4": 7}
+_HEADER = struct.Struct("<4sBBBBQIII")
+MAGIC = b"ATF1"
+VERSION = 1
+_SCALE_UP = 1.0 + 2.0**-7  # stored bf16 scales are never smaller than absmax/qmax
+
+
+class CodecError(ValueError):
+    """A payload that cannot be decoded; the message says why."""
+
+
+def check_scheme(scheme: str, setting: str = "codec") -> str:
+    if scheme not in SCHEMES:
+        raise ConfigError(setting, scheme, f"one of {sorted(SCHEMES)}")
+    return scheme
+
+
+def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pad = (-x.numel()) % group
+    g = torch.nn.functional.pad(x, (0, pad)).view(-1, group)
+    absmax = g.abs().amax(dim=1)
+    scales = (absmax / qmax * _SCALE_UP).to(torch.bfloat16)
+    scales = torch.where(absmax > 0, scales, torch.ones_like(scales))
+    return g, scales
+
+
+def quantize(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
+    """Round-trip `x` through `scheme` without framing (what the receiver will see)."""
+    return decode(encode(x, scheme, group, compress=False))
+
+
+def error_bound(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
+    """Per-element bound on |x - quantize(x)|."""
+    x = x.reshape(-1).float()
+    if scheme == "fp32":
+        return torch.zeros_like(x)
+    if scheme == "bf16":
+        return x.abs() * 2.0**-8 + 1e-38  # relative, plus bf16 subnormal spacing
+    _, scales = _group_scales(x, _QMAX[scheme], group)
+    per = (scales.float() / 2).repeat_interleave(group)[: x.numel()]
+    return per * (1 + 1e-6) + 1e-30
+
+
+def encode(x: torch.Tensor, scheme: str, group: int = 64, compress: bool = True) -> bytes:
+    check_scheme(scheme)
+    x = x.detach().reshape(-1).float().contiguous()
+    if not torch.isfinite(x).all():
+        raise CodecError("refusing to encode non-finite values")
+    if scheme == "fp32":
+        body = x.numpy().tobytes()
+    elif scheme == "bf16":
+        body = x.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    else:
+        qmax = _QMAX[scheme]
+        g, scales = _group_scales(x, qmax, group)
+        q = torch.round(g / scales.float().unsqueeze(1)).clamp_(-qmax, qmax).to(torch.int8)
+        q = q.reshape(-1)
+        if scheme == "int4":
+            u = (q + 8).to(torch.uint8)
+            if u.numel() % 2:
+                u = torch.cat([u, torch.full((1,), 8, dtype=torch.uint8)])
+            u = u.view(-1, 2)
+            q = (u[:, 0] | (u[:, 1] << 4)).contiguous()
+        body = scales.view(torch.int16).numpy().tobytes() + q.numpy().tobytes()
+    flags = 0
+    if compress:
+        body = zstandard.ZstdCompressor(level=1).compress(body)
+        flags |= 1
+    header = _HEADER.pack(
+        MAGIC,
+        VERSION,
+        SCHEMES[scheme],
+        flags,
+        0,
+        x.numel(),
+        group,
+        len(body),
+        zlib.crc32(body),
+    )
+    return header + body
+
+
+def peek(frame: bytes) -> tuple[str, int]:
+    """(scheme, numel) of a frame, after checking its header only."""
+    if len(frame) < _HEADER.size:
+        raise CodecError(
+            f"frame of {len(frame)} bytes is shorter than its {_HEADER.size}-byte header"
+        )
+    magic, version, scheme_id, _flags, _r, numel, _group, _blen, _crc = _HEADER.unpack_from(frame)
+    if magic != MAGIC:
+        raise CodecError(f"bad magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise CodecError(f"frame version {version}, this atoll reads version {VERSION}")
+    names = {v: k for k, v in SCHEMES.items()}
+    if scheme_id not in names:
+        raise CodecError(f"unknown scheme id {scheme_id}")
+    return names[scheme_id], numel
+
+
+def decode(frame: bytes, expect_numel: int | None = None, max_numel: int = 1 << 31) -> torch.Tensor:
+    scheme, numel = peek(frame)
+    _m, _v, _s, flags, _r, _n, group, blen, crc = _HEADER.unpack_from(frame)
+    if expect_numel is not None and numel != expect_numel:
+        raise CodecError(f"frame holds {numel} values, expected {expect_numel}")
+    if numel > max_numel:
+        raise CodecError(f"frame holds {numel} values, over the limit of {max_numel}")
+    body = frame[_HEADER.size :]
+    if len(body) != blen:
+        raise CodecError(f"body is {len(body)} bytes, header says {blen}")
+    if zlib.crc32(body) != crc:
+        raise CodecError("checksum mismatch: the payload was corrupted")
+    if flags & 1:
+        try:
+            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=16 * numel + 64)
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"zstd: {exc}") from exc
+    if scheme in _QMAX and group < 1:
+        raise CodecError(f"group size {group} must be >= 1")
+    expected = _body_len(scheme, numel, group)
+    if len(body) != expected:
+        raise CodecError(
+            f"{scheme} body of {len(body)} bytes, expected {expected} for {numel} values"
+        )
+    if scheme == "fp32":
+        out = torch.frombuffer(bytearray(body), dtype=torch.float32).clone()
+    elif scheme == "bf16":
+        out = torch.frombuffer(bytearray(body), dtype=torch.int16).view(torch.bfloat16).float()
+    else:
+        n_groups = -(-numel // group)
+        raw = bytearray(body)
+        scales = torch.frombuffer(raw[: 2 * n_groups], dtype=torch.int16).view(torch.bfloat16)
+        qb = (
+            torch.frombuffer(raw[2 * n_groups :], dtype=torch.uint8)
+            if len(raw) > 2 * n_groups
+            else torch.zeros(0, dtype=torch.uint8)
+        )
+        if scheme == "int4":
+            q = torch.stack([(qb & 0xF).to(torch.int8) - 8, (qb >> 4).to(torch.int8) - 8], dim=1)
+            q = q.reshape(-1)[: n_groups * group]
+        else:
+            q = qb.view(torch.int8)
+        out = (q.view(n_groups, group).float() * scales.float().unsqueeze(1)).reshape(-1)[:numel]
+    if not torch.isfinite(out).all():
+        raise CodecError("payload holds non-finite values")
+    return out
+
+
+def _body_len(scheme: str, numel: int, group: int) -> int:
+    if scheme == "fp32":
+        return 4 * numel
+    if scheme == "bf16":
+        return 2 * numel
+    n_groups = -(-numel // group)
+    padded = n_groups * group
+    return 2 * n_groups + (padded if scheme == "int8" else -(-padded // 2))
+
+
+@dataclass
+class ErrorFeedback:
+    """Keeps, per key, what quantization left out, and adds it to the next vector."""
+
+    scheme: str
+    group: int = 64
+    enabled: bool = True
+    residual: dict[object, torch.Tensor] = field(default_factory=dict)
+
+    def encode(self, key: object, x: torch.Tensor) -> bytes:
+        x = x.reshape(-1).float()
+        if self.enabled and key in self.residual:
+            x = x + self.residual[key]
+        frame = encode(x, self.scheme, self.group)
+        if self.enabled and self.scheme != "fp32":
+            self.residual[key] = x - decode(frame)
+        return frame
+
+    def reset(self, key: object | None = None) -> None:
+        if key is None:
+            self.residual.clear()
+        else:
+            self.residual.pop(key, None)

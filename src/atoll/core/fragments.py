@@ -1,0 +1,174 @@
+"""Fragments: which parameters are synchronised together, and when.
+
+The parameters are split into P non-overlapping fragments of whole tensors. The default,
+*balanced* packing is greedy bin-packing: tensors sorted by size (largest first, ties broken by
+name) go one by one into the currently lightest bin (ties broken by the lowest bin index), so
+every learner computes the same layout. Embedding tensors are kept in a fragment of their own.
+The *strided* packing puts layer ``l`` into fragment ``l mod P`` (tensors without a layer index
+are bin-packed over all fragments afterwards).
+
+Schedule: fragment p has offset t_p = floor(p*H/P); at step t it is sent if t mod H == t_p.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from atoll.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Fragment:
+    index: int
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offset: int
+    is_embedding: bool
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        out = []
+        for s in self.shapes:
+            n = 1
+            for d in s:
+                n *= d
+            out.append(n)
+        return tuple(out)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.numels)
+
+
+def balanced_pack(sizes: Mapping[str, int], bins: int) -> list[list[str]]:
+    """Greedy largest-first packing of named sizes into `bins` bins of about equal total.
+
+    Deterministic: tensors are taken by (-size, name), and go to the lightest bin with the
+    lowest index. The result is within 4/3 of the optimal largest bin (Graham's LPT bound).
+    """
+    if bins < 1:
+        raise ConfigError("fragments", bins, "at least 1")
+    loads = [0] * bins
+    out: list[list[str]] = [[] for _ in range(bins)]
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        b = min(range(bins), key=lambda i: (loads[i], i))
+        out[b].append(name)
+        loads[b] += sizes[name]
+    return out
+
+
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def strided_pack(sizes: Mapping[str, int], bins: int) -> list[list[str]]:
+    """Layer l goes to bin l mod `bins`; tensors outside numbered layers are bin-packed."""
+    out: list[list[str]] = [[] for _ in range(bins)]
+    loads = [0] * bins
+    rest = {}
+    for name in sorted(sizes):
+        m = _LAYER.search(f".{name}")
+        if m:
+            b = int(m.group(1)) % bins
+            out[b].append(name)
+            loads[b] += sizes[name]
+        else:
+            rest[name] = sizes[name]
+    for name in sorted(rest, key=lambda n: (-rest[n], n)):
+        b = min(range(bins), key=lambda i: (loads[i], i))
+        out[b].append(name)
+        loads[b] += rest[name]
+    return out
+
+
+@dataclass(frozen=True)
+class FragmentPlan:
+    """The fragment layout and schedule shared by every learner and the syncer."""
+
+    fragments: tuple[Fragment, ...]
+    H: int
+
+    @property
+    def P(self) -> int:
+        return len(self.fragments)
+
+    def due(self, step: int) -> list[int]:
+        """Fragments to send after finishing local step `step` (steps count from 1)."""
+        phase = (step - 1) % self.H
+        return [f.index for f in self.fragments if f.offset == phase]
+
+    def flatten(self, params: Mapping[str, torch.Tensor], p: int) -> torch.Tensor:
+        """Fragment p of `params` as one flat float32 vector (a copy)."""
+        f = self.fragments[p]
+        return torch.cat([params[n].detach().reshape(-1).float() for n in f.names])
+
+    def split(self, p: int, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Views of a flat fragment vector, one per tensor of fragment p, in plan order."""
+        f = self.fragments[p]
+        return [v.view(s) for v, s in zip(flat.split(list(f.numels)), f.shapes, strict=True)]
+
+    def assign(self, params: Mapping[str, torch.Tensor], p: int, flat: torch.Tensor) -> None:
+        """Write a flat fragment vector into the named tensors of `params`, in place."""
+        with torch.no_grad():
+            for name, v in zip(self.fragments[p].names, self.split(p, flat), strict=True):
+                params[name].copy_(v)
+
+    def nbytes_fp32(self) -> int:
+        return 4 * sum(f.numel for f in self.fragments)
+
+
+def make_plan(
+    shapes: Mapping[str, Sequence[int]],
+    P: int,
+    H: int,
+    embeddings: set[str] | frozenset[str] = frozenset(),
+    packing: str = "balanced",
+) -> FragmentPlan:
+    """Split named tensors into P fragments and give them distinct offsets in [0, H)."""
+    if H < 1:
+        raise ConfigError("H", H, "an integer >= 1 (inner steps per fragment cycle)")
+    if P < 1 or P > H:
+        raise ConfigError("P", P, f"an integer in [1, H={H}] so every fragment gets its own offset")
+    emb = sorted(n for n in shapes if n in embeddings)
+    rest = {n: _numel(s) for n, s in shapes.items() if n not in embeddings}
+    n_bins = P - (1 if emb else 0)
+    if n_bins < 1 or len(rest) < n_bins:
+        raise ConfigError(
+            "P",
+            P,
+            f"at most the number of tensors: {len(rest)} non-embedding tensors"
+            + (" plus one embedding fragment" if emb else ""),
+        )
+    if packing == "balanced":
+        groups = balanced_pack(rest, n_bins)
+    elif packing == "strided":
+        groups = strided_pack(rest, n_bins)
+        if any(not g for g in groups):
+            raise ConfigError("P", P, "at most the number of layers for strided packing")
+    else:
+        raise ConfigError("packing", packing, "'balanced' or 'strided'")
+    if emb:
+        groups = [emb] + groups
+    frags = []
+    for i, names in enumerate(groups):
+        ordered = tuple(sorted(names))
+        frags.append(
+            Fragment(
+                index=i,
+                names=ordered,
+                shapes=tuple(tuple(shapes[n]) for n in ordered),
+                offset=(i * H) // P,
+                is_embedding=bool(emb) and i == 0,
+            )
+        )
+    return FragmentPlan(fragments=tuple(frags), H=H)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

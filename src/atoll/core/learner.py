@@ -1,0 +1,207 @@
+"""The learner protocol state machine (sans-I/O).
+
+It owns no model and no socket. A driver tells it: a local step finished (`on_step`), a message
+arrived (`on_heal`, `on_update`), and asks it what to do: outputs to send, whether the next step
+must wait (`blocked`), and it applies due global fragments to the parameter tensors it was
+given (`apply_due`), at step boundaries only.
+
+Life of fragment p on a learner:
+    step s with s mod H == t_p  -> send Contribution(delta = base_p - theta_p, counters)
+    answer arrives (an update that includes this send)
+    step >= s + tau             -> apply it (receipt mode), reset counters
+If the answer has not arrived by step s + tau, `blocked()` names p and the driver waits.
+Updates that do not answer a send of ours are kept (latest wins) and applied with the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from atoll.core import codec
+from atoll.core.counters import FragmentCounters
+from atoll.core.events import Event
+from atoll.core.fragments import FragmentPlan
+from atoll.core.grace import EMA
+from atoll.core.messages import Contribution, FragmentUpdate, Heal, Send
+from atoll.core.receipt import check_mode, receive
+from atoll.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    tau: int = 2
+    codec: str = "int4"
+    group: int = 64
+    error_feedback: bool = True
+    receipt: str = "overwrite"
+    alpha: float = 0.5
+    block: bool = True  # wait at step s+tau for the answer to the send at step s
+
+    def validate(self, H: int) -> None:
+        if not 0 <= self.tau < H:
+            raise ConfigError("tau", self.tau, f"an integer in [0, H={H}) (overlap steps)")
+        codec.check_scheme(self.codec)
+        if self.group < 1:
+            raise ConfigError("group", self.group, "an integer >= 1")
+        check_mode(self.receipt, self.alpha)
+
+
+@dataclass
+class _Outstanding:
+    seq: int
+    step: int
+    at_send: torch.Tensor | None
+    steps: int
+    tokens: int
+    answered: bool = False
+
+
+class LearnerProtocol:
+    def __init__(
+        self,
+        learner_id: str,
+        plan: FragmentPlan,
+        params: Mapping[str, torch.Tensor],
+        config: LearnerConfig | None = None,
+    ) -> None:
+        self.id = learner_id
+        self.plan = plan
+        self.params = params
+        self.cfg = config or LearnerConfig()
+        self.cfg.validate(plan.H)
+        self.step = 0
+        self.seq = 0
+        self.counters = FragmentCounters(plan.P)
+        self.ef = codec.ErrorFeedback(self.cfg.codec, self.cfg.group, self.cfg.error_feedback)
+        self.step_time = EMA(0.1)
+        self.healed = False
+        self.base: list[torch.Tensor] = []  # global value each fragment's theta is based on
+        self.base_version: list[int] = []
+        self.latest: list[torch.Tensor] = []  # newest public global value (may be unapplied)
+        self.latest_version: list[int] = []
+        self.outstanding: dict[int, _Outstanding] = {}
+
+    # -- inputs -----------------------------------------------------------------------------
+    def on_heal(self, now: float, heal: Heal) -> list[Event]:
+        """Load every global fragment, overwrite the local parameters, reset counters."""
+        self.latest = [torch.empty(0)] * self.plan.P
+        self.latest_version = [-1] * self.plan.P
+        for u in heal.updates:
+            if u.kind != "full":
+                raise ValueError("a heal carries full values only")
+            self.latest[u.fragment] = codec.decode(u.payload, self.plan.fragments[u.fragment].numel)
+            self.latest_version[u.fragment] = u.version
+        if min(self.latest_version) < 0:
+            raise ValueError("heal is missing fragments")
+        self.base = [v.clone() for v in self.latest]
+        self.base_version = list(self.latest_version)
+        for p in range(self.plan.P):
+            self.plan.assign(self.params, p, self.base[p])
+            self.counters.reset(p)
+        self.outstanding.clear()
+        self.ef.reset()
+        self.healed = True
+        return [Event(now, "healed", self.id, {"versions": list(self.base_version)})]
+
+    def on_step(self, now: float, tokens: int, step_time: float) -> list[Send]:
+        """A local step finished; returns the contributions now due."""
+        if not self.healed:
+            raise RuntimeError(f"learner {self.id} stepped before healing from the syncer")
+        self.step += 1
+        self.step_time.update(step_time)
+        self.counters.add_step(tokens)
+        return self.send_now(now, self.plan.due(self.step))
+
+    def send_now(self, now: float, fragments: list[int]) -> list[Send]:
+        """Contributions for `fragments` now (the schedule's, or a final flush)."""
+        out = []
+        for p in fragments:
+            theta = self.plan.flatten(self.params, p)
+            payload = self.ef.encode(p, self.base[p] - theta)
+            self.seq += 1
+            self.outstanding[p] = _Outstanding(
+                seq=self.seq,
+                step=self.step,
+                at_send=theta if self.cfg.receipt == "carry" else None,
+                steps=self.counters.steps[p],
+                tokens=self.counters.tokens[p],
+            )
+            out.append(
+                Send(
+                    "syncer",
+                    Contribution(
+                        learner=self.id,
+                        fragment=p,
+                        seq=self.seq,
+                        base_version=self.base_version[p],
+                        payload=payload,
+                        steps=self.counters.steps[p],
+                        tokens=self.counters.tokens[p],
+                        sent_at=now,
+                        step_time=self.step_time.value or 0.0,
+                    ),
+                )
+            )
+        return out
+
+    def on_update(self, now: float, u: FragmentUpdate) -> list[Event]:
+        p = u.fragment
+        if u.version <= self.latest_version[p]:
+            return []
+        if u.kind == "full":
+            value = codec.decode(u.payload, self.plan.fragments[p].numel)
+        else:
+            if u.base_version != self.latest_version[p]:
+                raise ValueError(
+                    f"delta update for fragment {p} based on version {u.base_version}, "
+                    f"learner has {self.latest_version[p]}: it must heal"
+                )
+            value = self.latest[p] + codec.decode(u.payload, self.plan.fragments[p].numel)
+        self.latest[p] = value
+        self.latest_version[p] = u.version
+        rec = self.outstanding.get(p)
+        if rec is not None and any(lid == self.id and s >= rec.seq for lid, s in u.included):
+            rec.answered = True
+        return []
+
+    # -- queries and step-boundary actions ---------------------------------------------------
+    def blocked(self) -> list[int]:
+        """Fragments whose answer is due before the next step but has not arrived."""
+        if not self.cfg.block:
+            return []
+        return [
+            p
+            for p, r in self.outstanding.items()
+            if not r.answered and self.step >= r.step + self.cfg.tau
+        ]
+
+    def apply_due(self, now: float) -> list[Event]:
+        """Apply every answered fragment whose tau overlap has elapsed."""
+        events = []
+        for p, r in list(self.outstanding.items()):
+            if not r.answered or self.step < r.step + self.cfg.tau:
+                continue
+            local = self.plan.flatten(self.params, p)
+            new = receive(self.cfg.receipt, local, self.latest[p], r.at_send, self.cfg.alpha)
+            self.plan.assign(self.params, p, new)
+            self.base[p] = self.latest[p].clone()
+            self.base_version[p] = self.latest_version[p]
+            if self.cfg.receipt == "carry":
+                self.counters.reset(
+                    p, self.counters.steps[p] - r.steps, self.counters.tokens[p] - r.tokens
+                )
+            else:
+                self.counters.reset(p)
+            del self.outstanding[p]
+            events.append(
+                Event(
+                    now,
+                    "applied",
+                    self.id,
+                    {"fragment": p, "version": self.base_version[p], "mode": self.cfg.receipt},
+                )
+            )
+        return events

@@ -1,0 +1,83 @@
+"""`atoll sim`: run a preset in the virtual-time driver and report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from atoll.sim.presets import PRESETS
+
+    p.add_argument(
+        "--preset",
+        default="quick",
+        help="one of: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()),
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a setting of every run (see README for the keys)",
+    )
+    p.add_argument("--json", type=Path, help="write the results JSON here")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="folder for results.json, events and loss.png (default runs/sim-PRESET-sSEED)",
+    )
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+
+
+def main(args: argparse.Namespace) -> int:
+    from atoll.sim.config import parse_overrides
+    from atoll.sim.presets import get_preset
+    from atoll.sim.report import plot, print_table
+    from atoll.sim.runner import plan_runs, run_preset
+
+    preset = get_preset(args.preset)
+    overrides = parse_overrides(args.overrides)
+    plan_runs(preset, overrides)  # bad settings stop here, before any compute
+    seed = overrides.get("seed", 0)
+    out = args.out or Path("runs") / f"sim-{preset.name}-s{seed}"
+
+    if args.quiet:
+        result = run_preset(preset, overrides)
+    else:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>5.1f}% of tokens"),
+            TimeElapsedColumn(),
+        ) as bar:
+
+            def factory(name: str):
+                task = bar.add_task(name, total=1)
+
+                def update(done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                return update
+
+            result = run_preset(preset, overrides, factory)
+    text = json.dumps(result, indent=1, sort_keys=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text)
+    if not args.no_plot:
+        plot(result, out / "loss.png")
+    if not args.quiet:
+        print_table(result)
+        print(
+            f"results: {out / 'results.json'}"
+            + ("" if args.no_plot else f"  plot: {out / 'loss.png'}")
+        )
+    return 0

@@ -1,0 +1,371 @@
+"""Decoupled DiLoCo in virtual time.
+
+One heap of timed events drives M learner state machines and one syncer state machine (from
+atoll.core); this module only moves messages over simulated links, runs the real training
+steps, injects failures and keeps the books. Event kinds:
+
+    step      a learner finished a local step (its math runs here)
+    up        a contribution reaches the syncer
+    down      a syncer message (update or heal) reaches a learner
+    timer     a syncer timer fires (grace window end)
+    fail      a learner dies: unsent and in-flight work is lost, links are cut
+    recover   a learner restarts, joins, and heals from the syncer's current fragments
+
+Goodput = (learner time spent on steps whose work reached the syncer) / (M * wall time).
+Each step's time is split evenly over the P fragments; a fragment's share becomes useful when
+a contribution carrying it arrives at the syncer, and is lost if the learner dies first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from atoll.core.events import Event
+from atoll.core.fragments import make_plan
+from atoll.core.learner import LearnerConfig, LearnerProtocol
+from atoll.core.messages import Contribution, FragmentUpdate, Heal, Send, SetTimer
+from atoll.core.syncer import SyncerConfig, SyncerProtocol
+from atoll.sim.config import SimConfig
+from atoll.sim.world import (
+    DataStream,
+    Evaluator,
+    FailureSchedule,
+    Link,
+    ProgressFn,
+    RunResult,
+    StepClock,
+    corpus_for,
+    inner_lr,
+    new_inner_optimizer,
+    new_model,
+    ring_allreduce_bytes,
+    train_step,
+)
+
+
+def learner_config(cfg: SimConfig) -> LearnerConfig:
+    return LearnerConfig(
+        tau=cfg.tau,
+        codec=cfg.codec,
+        group=cfg.group,
+        error_feedback=cfg.error_feedback,
+        receipt=cfg.receipt,
+        alpha=cfg.alpha,
+        block=cfg.block,
+    )
+
+
+def syncer_config(cfg: SimConfig) -> SyncerConfig:
+    return SyncerConfig(
+        quorum=cfg.quorum,
+        tau=cfg.tau,
+        grace=cfg.grace,
+        grace_gamma=cfg.grace_gamma,
+        grace_ema=cfg.grace_ema,
+        merge=cfg.merge,
+        weighting=cfg.weighting,
+        outer=cfg.outer,
+        outer_lr=cfg.outer_lr,
+        outer_momentum=cfg.outer_momentum,
+        outer_delay=cfg.outer_delay,
+        down_codec=cfg.down_codec,
+        group=cfg.group,
+    )
+
+
+@dataclass
+class _Learner:
+    id: str
+    index: int
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    proto: LearnerProtocol
+    data: DataStream
+    clock: StepClock
+    failures: FailureSchedule
+    up: Link
+    down: Link
+    state: str = "joining"  # joining | running | waiting | down | done
+    incarnation: int = 0
+    local_steps: int = 0
+    wait_since: float = 0.0
+    down_since: float = 0.0
+    next_failure: tuple[float, float] | None = None
+    unsent: list[float] = field(default_factory=list)  # step-seconds at risk per fragment
+    inflight: dict[int, float] = field(default_factory=dict)  # seq -> step-seconds
+
+
+class DecoupledSim:
+    def __init__(
+        self, cfg: SimConfig, name: str = "decoupled", progress: ProgressFn | None = None
+    ) -> None:
+        self.cfg = cfg.validate()
+        self.name = name
+        self.progress = progress
+        corpus = corpus_for(cfg)
+        self.evaluate = Evaluator(cfg, corpus)
+        torch.set_num_threads(cfg.threads)
+        init = new_model(cfg)
+        shapes = {n: tuple(p.shape) for n, p in init.named_parameters()}
+        self.plan = make_plan(shapes, cfg.P, cfg.H, init.embedding_names(), cfg.packing)
+        params = dict(init.named_parameters())
+        self.syncer = SyncerProtocol(
+            self.plan,
+            [self.plan.flatten(params, p) for p in range(self.plan.P)],
+            syncer_config(cfg),
+        )
+        bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
+        self.learners: list[_Learner] = []
+        for i in range(cfg.learners):
+            model = new_model(cfg)
+            lid = f"L{i}"
+            self.learners.append(
+                _Learner(
+                    id=lid,
+                    index=i,
+                    model=model,
+                    opt=new_inner_optimizer(model, cfg),
+                    proto=LearnerProtocol(
+                        lid, self.plan, dict(model.named_parameters()), learner_config(cfg)
+                    ),
+                    data=DataStream(cfg, corpus, i),
+                    clock=StepClock(cfg, i),
+                    failures=FailureSchedule(cfg, i),
+                    up=Link(bw, lat),
+                    down=Link(bw, lat),
+                    unsent=[0.0] * self.plan.P,
+                )
+            )
+        self.by_id = {lr.id: lr for lr in self.learners}
+        self.queue: list = []
+        self._seq = itertools.count()
+        self.events: list[Event] = []
+        self.tokens = 0
+        self.budget = cfg.token_budget()
+        self.stopping = False
+        self.end_time = 0.0
+        self.useful = self.blocked = self.downtime = self.lost = 0.0
+        self.failures = 0
+        self.curve: list[dict[str, float]] = []
+        self.next_eval = 0
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _push(self, t: float, kind: str, *args) -> None:
+        heapq.heappush(self.queue, (t, next(self._seq), kind, args))
+
+    def _syncer_outputs(self, now: float, outputs: list) -> None:
+        for o in outputs:
+            if isinstance(o, Event):
+                self.events.append(o)
+            elif isinstance(o, SetTimer):
+                self._push(o.at, "timer", o.key)
+            elif isinstance(o, Send):
+                lr = self.by_id[o.to]
+                if lr.state == "down":
+                    continue
+                nbytes = o.message.nbytes if isinstance(o.message, Heal) else len(o.message.payload)
+                self._push(lr.down.transfer(now, nbytes), "down", lr.id, lr.incarnation, o.message)
+
+    def _start_step(self, now: float, lr: _Learner) -> None:
+        lr.state = "running"
+        dt = lr.clock.draw()
+        self._push(now + dt, "step", lr.id, lr.incarnation, dt)
+
+    def _boundary(self, now: float, lr: _Learner) -> None:
+        """Between two steps: apply due fragments, then step again, wait, or stop."""
+        self.events += lr.proto.apply_due(now)
+        if self.stopping:
+            self._finish(now, lr)
+        elif lr.proto.blocked():
+            lr.state, lr.wait_since = "waiting", now
+        else:
+            self._start_step(now, lr)
+
+    def _finish(self, now: float, lr: _Learner) -> None:
+        """The token budget is spent: send every fragment's remaining work once, then stop."""
+        if lr.state == "waiting":
+            self.blocked += now - lr.wait_since
+        lr.state = "done"
+        self.end_time = max(self.end_time, now)
+        pending = [p for p in range(self.plan.P) if lr.unsent[p] > 0]
+        for s in lr.proto.send_now(now, pending):
+            self._send_up(now, lr, s.message)
+
+    def _send_up(self, now: float, lr: _Learner, c: Contribution) -> None:
+        lr.inflight[c.seq] = lr.unsent[c.fragment]
+        lr.unsent[c.fragment] = 0.0
+        self.events.append(
+            Event(
+                now,
+                "sent",
+                lr.id,
+                {
+                    "fragment": c.fragment,
+                    "seq": c.seq,
+                    "base_version": c.base_version,
+                    "bytes": len(c.payload),
+                    "steps": c.steps,
+                    "tokens": c.tokens,
+                },
+            )
+        )
+        self._push(lr.up.transfer(now, len(c.payload)), "up", lr.id, lr.incarnation, c)
+
+    # -- event handlers -----------------------------------------------------------------------
+    def _on_step(self, now: float, lr: _Learner, dt: float) -> None:
+        batch = lr.data.next()
+        train_step(lr.model, lr.opt, batch, inner_lr(self.cfg, lr.local_steps))
+        lr.local_steps += 1
+        tokens = batch[0].numel()
+        self.tokens += tokens
+        for p in range(self.plan.P):
+            lr.unsent[p] += dt / self.plan.P
+        for s in lr.proto.on_step(now, tokens, dt):
+            self._send_up(now, lr, s.message)
+        self._maybe_eval(now)
+        if self.progress:
+            self.progress(min(self.tokens, self.budget), self.budget)
+        if self.tokens >= self.budget and not self.stopping:
+            self.stopping = True
+            for other in self.learners:
+                if other is not lr and other.state == "waiting":
+                    self._finish(now, other)
+        self._boundary(now, lr)
+
+    def _on_up(self, now: float, lr: _Learner, c: Contribution) -> None:
+        self.useful += lr.inflight.pop(c.seq, 0.0)
+        self._syncer_outputs(now, self.syncer.on_contribution(now, c))
+
+    def _on_down(self, now: float, lr: _Learner, msg: object) -> None:
+        if isinstance(msg, Heal):
+            self.events += lr.proto.on_heal(now, msg)
+            if lr.incarnation > 0:
+                self.downtime += now - lr.down_since
+                self.events.append(
+                    Event(now, "rejoined", lr.id, {"downtime_s": now - lr.down_since})
+                )
+            self._schedule_failure(now, lr)
+            if self.stopping:
+                lr.state = "done"
+            else:
+                self._start_step(now, lr)
+            return
+        assert isinstance(msg, FragmentUpdate)
+        self.events += lr.proto.on_update(now, msg)
+        if lr.state == "waiting" and not lr.proto.blocked():
+            self.blocked += now - lr.wait_since
+            self.events.append(Event(now, "blocked", lr.id, {"wait_s": now - lr.wait_since}))
+            self._boundary(now, lr)
+
+    def _schedule_failure(self, now: float, lr: _Learner) -> None:
+        nxt = lr.failures.next()
+        if nxt is not None:
+            fail_at, back_at = nxt
+            fail_at = max(fail_at, now)
+            self._push(fail_at, "fail", lr.id, lr.incarnation, back_at - nxt[0])
+
+    def _on_fail(self, now: float, lr: _Learner, downtime: float) -> None:
+        if lr.state == "done" or self.stopping:
+            return
+        if lr.state == "waiting":
+            self.blocked += now - lr.wait_since
+        lost = sum(lr.unsent) + sum(lr.inflight.values())
+        self.lost += lost
+        self.failures += 1
+        lr.unsent = [0.0] * self.plan.P
+        lr.inflight.clear()
+        lr.state, lr.down_since = "down", now
+        lr.incarnation += 1
+        lr.up.reset(now)
+        lr.down.reset(now)
+        self.events.append(Event(now, "failed", lr.id, {"lost_steps_s": lost}))
+        self._syncer_outputs(now, self.syncer.on_lost(now, lr.id))
+        self._push(now + downtime, "recover", lr.id, lr.incarnation)
+
+    def _on_recover(self, now: float, lr: _Learner) -> None:
+        # a fresh process: new inner optimizer and protocol state; parameters come from the heal
+        lr.opt = new_inner_optimizer(lr.model, self.cfg)
+        lr.proto = LearnerProtocol(
+            lr.id, self.plan, dict(lr.model.named_parameters()), learner_config(self.cfg)
+        )
+        lr.state = "joining"
+        self._syncer_outputs(now, self.syncer.on_join(now, lr.id))
+
+    def _maybe_eval(self, now: float) -> None:
+        points = self.cfg.eval_points
+        while self.next_eval <= points and self.tokens >= self.budget * self.next_eval / points:
+            if self.next_eval > 0:
+                self.curve.append(
+                    {
+                        "tokens": self.tokens,
+                        "time_s": now,
+                        "eval_loss": self.evaluate(self.syncer.global_params()),
+                    }
+                )
+            self.next_eval += 1
+
+    # -- main loop ----------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        for lr in self.learners:
+            self._syncer_outputs(0.0, self.syncer.on_join(0.0, lr.id))
+        while self.queue:
+            now, _, kind, args = heapq.heappop(self.queue)
+            if kind == "timer":
+                self._syncer_outputs(now, self.syncer.on_timer(now, args[0]))
+                continue
+            lr = self.by_id[args[0]]
+            if kind == "recover":
+                if args[1] == lr.incarnation:
+                    self._on_recover(now, lr)
+                continue
+            if args[1] != lr.incarnation:
+                continue  # addressed to (or sent by) a process that has since died
+            if kind == "step":
+                self._on_step(now, lr, args[2])
+            elif kind == "up":
+                self._on_up(now, lr, args[2])
+            elif kind == "down":
+                self._on_down(now, lr, args[2])
+            elif kind == "fail":
+                self._on_fail(now, lr, args[2])
+        return self._result()
+
+    def _result(self) -> RunResult:
+        cfg = self.cfg
+        final = self.evaluate(self.syncer.global_params())
+        if not self.curve or self.curve[-1]["tokens"] != self.tokens:
+            self.curve.append({"tokens": self.tokens, "time_s": self.end_time, "eval_loss": final})
+        self.curve[-1]["eval_loss"] = final
+        rounds = [e for e in self.events if e.kind == "round_closed"]
+        parts = [len(e.data["participants"]) for e in rounds]
+        stale = [s for e in rounds for s in e.data["staleness"]]
+        hist: dict[str, int] = {}
+        for n in parts:
+            hist[str(n)] = hist.get(str(n), 0) + 1
+        model_bytes = self.plan.nbytes_fp32()
+        dp_steps = self.tokens / (cfg.learners * cfg.batch * cfg.context)
+        return RunResult(
+            name=self.name,
+            method="decoupled",
+            eval_loss=final,
+            tokens=self.tokens,
+            wall_time_s=self.end_time,
+            goodput=min(self.useful / max(cfg.learners * self.end_time, 1e-9), 1.0),
+            bytes_up=sum(lr.up.bytes_sent for lr in self.learners),
+            bytes_down=sum(lr.down.bytes_sent for lr in self.learners),
+            dp_bytes=int(dp_steps * cfg.learners * ring_allreduce_bytes(model_bytes, cfg.learners)),
+            rounds=len(rounds),
+            participants_mean=sum(parts) / max(len(parts), 1),
+            participants_hist=hist,
+            staleness_mean=sum(stale) / max(len(stale), 1),
+            staleness_max=max(stale, default=0),
+            blocked_s=self.blocked,
+            down_s=self.downtime,
+            lost_work_s=self.lost,
+            failures=self.failures,
+            curve=self.curve,
+        )
