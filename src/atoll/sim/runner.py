@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from atoll.core.fragments import make_plan
+from atoll.model import GPT
 from atoll.sim.baselines import run_data_parallel, run_sync_diloco
 from atoll.sim.config import SimConfig, with_overrides
 from atoll.sim.decoupled import DecoupledSim
 from atoll.sim.presets import Preset
-from atoll.sim.world import ProgressFn, RunResult
+from atoll.sim.world import ProgressFn, RunResult, gpt_config
 
 
 def run_one(cfg: SimConfig, name: str, progress: ProgressFn | None = None) -> RunResult:
@@ -28,8 +30,17 @@ def plan_runs(preset: Preset, overrides: dict[str, object]) -> list[tuple[str, S
     runs = []
     for spec in preset.runs:
         cfg = with_overrides(base, spec.settings).validate()
+        if cfg.method == "decoupled":
+            check_plan(cfg)
         runs.append((spec.name, cfg))
     return runs
+
+
+def check_plan(cfg: SimConfig) -> None:
+    """Raise ConfigError now if the model cannot be split into cfg.P fragments."""
+    model = GPT(gpt_config(cfg))
+    make_plan({n: tuple(p.shape) for n, p in model.named_parameters()}, cfg.P, cfg.H,
+              model.embedding_names(), cfg.packing)
 
 
 def run_preset(
