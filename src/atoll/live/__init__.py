@@ -1,0 +1,30 @@
+"""The live runtime: a gRPC syncer service, the learner library and a local launcher.
+
+- learner.py   `Learner`: Decoupled DiLoCo for any PyTorch training loop (background comms)
+- syncer.py    `SyncerService`: the wall-clock driver of the core's syncer, durable
+- store.py     the event tape and snapshots, and restore
+- launcher.py  `atoll run`: syncer + N learner processes, chaos, supervisor, summary
+See docs/live.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from atoll.live.learner import Learner
+
+
+def __getattr__(name: str) -> object:
+    if name == "Learner":
+        from atoll.live.learner import Learner
+
+        return Learner
+    if name == "save_init":
+        from atoll.live.common import save_init
+
+        return save_init
+    raise AttributeError(name)
+
+
+__all__ = ["Learner"]

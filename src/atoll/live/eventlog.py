@@ -1,0 +1,62 @@
+"""The run's event stream on disk: one JSON object per line in ``events.jsonl``.
+
+Every process of a run (syncer, learners, launcher) appends to the same file; each line is one
+``os.write`` on a descriptor opened with O_APPEND, so lines from different processes never
+interleave. Events follow atoll.core.events (t, kind, source, data); t is wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from atoll.core.events import Event
+
+
+class EventLog:
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def emit(self, kind: str, source: str, **data: Any) -> None:
+        self.write(Event(time.time(), kind, source, data))
+
+    def write(self, event: Event) -> None:
+        if self._fd is None:
+            return
+        line = json.dumps(event.to_dict(), default=_default) + "\n"
+        with self._lock:
+            os.write(self._fd, line.encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _default(x: object) -> object:
+    if isinstance(x, tuple | set):
+        return list(x)
+    return str(x)
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of an events.jsonl (a torn last line is skipped)."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

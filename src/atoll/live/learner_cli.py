@@ -1,0 +1,89 @@
+"""`atoll learner`: one learner process training the built-in model, synced over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from atoll.live.common import add_auth_arguments, add_config_arguments
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    add_auth_arguments(p)
+    p.add_argument("--syncer", required=True, help="the syncer's address, host:port")
+    p.add_argument("--id", default=None, help="learner id (default L<index>)")
+    p.add_argument("--index", type=int, default=0, help="data shard index in [0, learners)")
+    p.add_argument("--restart", type=int, default=0, help="restart count (reseeds the data)")
+    p.add_argument("--events", type=Path, help="append events to this events.jsonl")
+    p.add_argument("--tls-ca", help="PEM root certificate to check the syncer's TLS certificate")
+    p.add_argument(
+        "--max-steps", type=int, default=0, help="stop after this many local steps (0: budget)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    import signal
+    import time
+
+    import torch
+
+    from atoll.errors import ConfigError
+    from atoll.live import config as live_config
+    from atoll.live.learner import Learner
+    from atoll.sim.world import (
+        DataStream,
+        corpus_for,
+        inner_lr,
+        new_inner_optimizer,
+        new_model,
+        train_step,
+    )
+
+    torch.set_num_threads(1)
+    scfg, lcfg = live_config.build(args.overrides, args.config)
+    if not 0 <= args.index < scfg.learners:
+        raise ConfigError("--index", args.index, f"an integer in [0, learners={scfg.learners})")
+    lid = args.id or f"L{args.index}"
+    slowdown = scfg.speed_factors()[args.index]
+    shape = lcfg.shape_factors(scfg.learners)[args.index]
+    corpus = corpus_for(scfg)
+    model = new_model(scfg)  # overwritten by the heal: the syncer's values are used
+    opt = new_inner_optimizer(model, scfg)
+    data = DataStream(scfg, corpus, args.index)
+    data.gen.manual_seed(scfg.seed * 1000 + args.index + 7919 * args.restart)
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    learner = Learner(
+        model,
+        opt,
+        args.syncer,
+        learner_id=lid,
+        run_id=args.run_id,
+        secret_file=args.secret_file,
+        tls_ca=args.tls_ca,
+        wait_s=lcfg.wait_s,
+        shape_mbps=shape,
+        heartbeat_s=lcfg.heartbeat_s,
+        events=str(args.events) if args.events else None,
+    )
+    limit = args.max_steps or 4 * scfg.steps * scfg.learners
+    local = 0
+    while not stop["now"] and not learner.should_stop and local < limit:
+        t0 = time.perf_counter()
+        batch = data.next()
+        train_step(model, opt, batch, inner_lr(scfg, local))
+        local += 1
+        if slowdown > 1:
+            time.sleep((slowdown - 1) * (time.perf_counter() - t0))
+        learner.step(tokens=batch[0].numel())
+    if stop["now"]:
+        learner.close()
+        return 130
+    learner.finish()
+    return 0
