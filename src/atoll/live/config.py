@@ -25,6 +25,8 @@ class LiveConfig:
     snapshot_history: int = 8  # public versions per fragment kept in a snapshot
     tape_fsync: bool = False  # fsync every tape record (power-loss durability)
     wait_s: float = 0.0  # longest a learner waits at step s+tau for a late answer
+    pace_s: float = 0.0  # built-in learner: step k ends at start + k*pace_s*speed (0: free)
+    start_barrier: bool = True  # built-in learners start together once all have joined
     shape_mbps: str = "0"  # per-learner upload limit (token bucket), 0 = unshaped
     chaos: str = ""  # e.g. "kill:L1@20+3,stop:L2@30+2,kill:syncer@40+2" or "random:3"
     chaos_seed: int = 0
@@ -47,6 +49,8 @@ class LiveConfig:
             raise ConfigError("chunk_bytes", self.chunk_bytes, "an integer >= 1024")
         if self.snapshot_history < 2:
             raise ConfigError("snapshot_history", self.snapshot_history, "an integer >= 2")
+        if self.pace_s < 0:
+            raise ConfigError("pace_s", self.pace_s, "a number >= 0 (seconds per step)")
         if self.wait_s < 0 or self.restart_delay_s < 0:
             raise ConfigError("wait_s/restart_delay_s", self.wait_s, "numbers >= 0")
         return self

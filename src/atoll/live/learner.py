@@ -13,7 +13,7 @@ thread, inside `step()` (a step boundary); communication runs in background thre
   - down: the Join stream (welcome, heal, broadcast updates), reassembled and crc-checked;
   - up: one Push stream per contribution (newest per fragment; optional token-bucket shaping);
   - beat: heartbeats on a separate channel (control traffic stays off the bulk path).
-If the syncer goes away, the threads reconnect with exponential backoff (0.2 s doubling to 5 s,
+If the syncer goes away, the threads reconnect with exponential backoff (0.2 s doubling to 2 s,
 with jitter) and *resume*: the learner keeps its local progress when the syncer still holds its
 base versions, and heals (loads every global fragment) otherwise. The constructor blocks until
 the first heal: a learner never trains from its own initialisation.
@@ -434,7 +434,7 @@ class Learner:
                 break
             self.events.emit("disconnected", self.id, retry_in_s=round(backoff, 2))
             self._closing.wait(backoff * random.uniform(0.8, 1.2))
-            backoff = min(backoff * 2, 5.0)
+            backoff = min(backoff * 2, 2.0)
 
     def _reassemble(self, call: Any) -> Iterator[tuple]:
         """Down messages -> ("welcome", w) / ("update", u) / ("heal", Heal) inbox items."""

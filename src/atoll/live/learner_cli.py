@@ -17,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart", type=int, default=0, help="restart count (reseeds the data)")
     p.add_argument("--events", type=Path, help="append events to this events.jsonl")
     p.add_argument("--tls-ca", help="PEM root certificate to check the syncer's TLS certificate")
+    p.add_argument("--corpus", type=Path, help="the corpus bytes, cached by the launcher")
     p.add_argument(
         "--max-steps", type=int, default=0, help="stop after this many local steps (0: budget)"
     )
@@ -47,7 +48,12 @@ def main(args: argparse.Namespace) -> int:
     lid = args.id or f"L{args.index}"
     slowdown = scfg.speed_factors()[args.index]
     shape = lcfg.shape_factors(scfg.learners)[args.index]
-    corpus = corpus_for(scfg)
+    if args.corpus and args.corpus.is_file():
+        from atoll.model import ByteCorpus
+
+        corpus = ByteCorpus(args.corpus.read_bytes())
+    else:
+        corpus = corpus_for(scfg)
     model = new_model(scfg)  # overwritten by the heal: the syncer's values are used
     opt = new_inner_optimizer(model, scfg)
     data = DataStream(scfg, corpus, args.index)
@@ -72,14 +78,20 @@ def main(args: argparse.Namespace) -> int:
         heartbeat_s=lcfg.heartbeat_s,
         events=str(args.events) if args.events else None,
     )
+    start = time.time()
+    if lcfg.start_barrier and args.restart == 0:
+        start = _start_time(args, learner, stop)
     limit = args.max_steps or 4 * scfg.steps * scfg.learners
+    period = lcfg.pace_s * slowdown
     local = 0
     while not stop["now"] and not learner.should_stop and local < limit:
         t0 = time.perf_counter()
         batch = data.next()
         train_step(model, opt, batch, inner_lr(scfg, local))
         local += 1
-        if slowdown > 1:
+        if period > 0:  # paced: step k ends on the grid start + k*period
+            time.sleep(max(start + local * period - time.time(), 0.0))
+        elif slowdown > 1:
             time.sleep((slowdown - 1) * (time.perf_counter() - t0))
         learner.step(tokens=batch[0].numel())
     if stop["now"]:
@@ -87,3 +99,23 @@ def main(args: argparse.Namespace) -> int:
         return 130
     learner.finish()
     return 0
+
+
+def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:
+    """Wait (at most 60 s) for the syncer's start time: all expected learners have joined."""
+    import time
+
+    from atoll.live.client import status
+
+    until = time.time() + 60.0
+    while time.time() < until and not stop["now"]:
+        try:
+            st = status(args.syncer, args.run_id, learner.secret, 1.0, args.tls_ca)
+        except Exception:  # noqa: BLE001 - the syncer may be restarting; keep waiting
+            st = None
+        if st is not None and st.start_at > 0:
+            time.sleep(max(st.start_at - time.time(), 0.0))
+            learner._last_step_t = time.time()
+            return st.start_at
+        time.sleep(0.05)
+    return time.time()

@@ -58,6 +58,7 @@ class SyncerOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     max_fragment_bytes: int = 0  # 0: derived from the plan
+    expect_learners: int = 0  # start_at is set once this many learners have joined
 
 
 @dataclass
@@ -146,6 +147,7 @@ class SyncerService(pbg.SyncerServicer):
             "auth_refused": 0,
             "restarts": 0,
             "lost_committed_rounds": 0,
+            "start_at": 0.0,
         }
         self.auth = AuthInterceptor(opts.run_id, opts.secret, self._auth_refused)
         self.tape = Tape(opts.run_dir / "tape", fsync=opts.tape_fsync)
@@ -340,6 +342,9 @@ class SyncerService(pbg.SyncerServicer):
                 for p in range(self.plan.P):
                     if self.proto.version[p] > hello.latest_versions[p]:
                         sess.put_update(heal_msg.updates[p], None)
+            want = self.opts.expect_learners
+            if want and not self.acct.get("start_at") and len(self.sessions) >= want:
+                self.acct["start_at"] = now + 0.5
             self.events.emit(
                 "join",
                 "syncer",
@@ -389,6 +394,8 @@ class SyncerService(pbg.SyncerServicer):
                 if msg.WhichOneof("body") != "chunk":
                     raise TransferError("only chunks may follow the header")
                 asm.add(msg.chunk)
+            if not asm.complete or not context.is_active():  # the sender vanished mid-way
+                raise ConnectionError(f"stream cut after {asm.size} of {asm.total} bytes")
             payload = asm.payload()
         except TransferError as exc:
             return self._refuse(h.learner, h.fragment, str(exc))
@@ -398,7 +405,7 @@ class SyncerService(pbg.SyncerServicer):
             self.events.emit(
                 "transfer_broken", "syncer", learner=h.learner, fragment=h.fragment, error=str(exc)
             )
-            raise
+            return pb.PushReply(accepted=False, reason=f"transfer broken: {exc}")
         try:
             scheme, numel = codec.peek(payload)
         except codec.CodecError as exc:
@@ -488,6 +495,7 @@ class SyncerService(pbg.SyncerServicer):
                 live=sorted(self.sessions),
                 stop=self.stop_requested,
                 versions=list(self.proto.version),
+                start_at=float(self.acct.get("start_at") or 0.0),
             )
 
     # -- threads ------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ def main(args: argparse.Namespace) -> int:
         token_budget=0 if args.no_budget else scfg.token_budget(),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        expect_learners=scfg.learners,
     )
     events = EventLog(run_dir / "events.jsonl")
     service = SyncerService(plan, init, syncer_config(scfg), learner_config(scfg), opts, events)

@@ -1,0 +1,35 @@
+"""Small client helpers: wait for a syncer to answer, ask for its status."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import atoll_pb2_grpc as pbg
+from atoll.wire.auth import call_metadata, open_channel
+
+
+def status(
+    address: str, run_id: str, secret: str, timeout: float = 2.0, tls_ca: str | None = None
+) -> pb.StatusReply:
+    with open_channel(address, "control", tls_ca) as ch:
+        return pbg.SyncerStub(ch).Status(
+            pb.StatusRequest(), metadata=call_metadata(run_id, secret), timeout=timeout
+        )
+
+
+def wait_ready(
+    address: str, run_id: str, secret: str, timeout: float = 60.0, tls_ca: str | None = None
+) -> pb.StatusReply:
+    """Poll Status until the syncer answers; raises TimeoutError after `timeout` seconds."""
+    until = time.time() + timeout
+    last: Exception | None = None
+    while time.time() < until:
+        try:
+            return status(address, run_id, secret, 1.0, tls_ca)
+        except grpc.RpcError as exc:
+            last = exc
+            time.sleep(0.1)
+    raise TimeoutError(f"syncer at {address} did not answer within {timeout:.0f} s: {last}")

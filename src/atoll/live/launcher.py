@@ -1,0 +1,297 @@
+"""`atoll run`: a syncer and N learner processes on this machine, a seeded chaos schedule, a
+supervisor that restarts killed processes, and the run's summary.
+
+Chaos spec (setting `chaos`), comma separated:
+    kill:L1@20+3      SIGKILL learner L1 at 20 s, restart it 3 s later
+    stop:L2@30+2      SIGSTOP learner L2 at 30 s, SIGCONT 2 s later
+    kill:syncer@40+2  SIGKILL the syncer at 40 s, restart it (from its tape) 2 s later
+    random:3          3 learner kills at seeded random times in [10%, 70%] of `max_wall_s`...
+                      (drawn from `chaos_seed`; downtime `restart_delay_s`)
+Times are seconds after the syncer started. A process that dies unexpectedly is restarted after
+`restart_delay_s` too. Ctrl+C (or SIGTERM) stops every child; children also get SIGTERM if the
+launcher itself dies (PR_SET_PDEATHSIG), so no process is left behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atoll.errors import ConfigError
+from atoll.live.config import LiveConfig, to_args
+from atoll.live.eventlog import EventLog, read_events
+from atoll.sim.config import SimConfig
+
+
+@dataclass(frozen=True)
+class ChaosAction:
+    at: float
+    action: str  # "kill" | "stop"
+    target: str  # learner id or "syncer"
+    duration: float
+
+
+def parse_chaos(spec: str, learners: int, seed: int, horizon: float, delay: float) -> list:
+    out: list[ChaosAction] = []
+    ids = {f"L{i}" for i in range(learners)} | {"syncer"}
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if item.startswith("random:"):
+            try:
+                n = int(item.split(":", 1)[1])
+            except ValueError:
+                raise ConfigError("chaos", item, "random:<count>") from None
+            rng = random.Random(f"{seed}-chaos")
+            for _ in range(n):
+                at = rng.uniform(0.1, 0.7) * horizon
+                out.append(ChaosAction(at, "kill", f"L{rng.randrange(learners)}", delay))
+            continue
+        try:
+            action, rest = item.split(":", 1)
+            target, rest = rest.split("@", 1)
+            at_s, dur_s = rest.split("+", 1) if "+" in rest else (rest, str(delay))
+            act = ChaosAction(float(at_s), action, target, float(dur_s))
+        except ValueError:
+            raise ConfigError(
+                "chaos", item, "kill:L1@20+3, stop:L2@30+2, kill:syncer@40+2"
+            ) from None
+        if act.action not in ("kill", "stop") or act.target not in ids:
+            raise ConfigError("chaos", item, f"kill|stop of one of {sorted(ids)}")
+        if act.action == "stop" and act.target == "syncer":
+            raise ConfigError("chaos", item, "kill:syncer (stopping the syncer is not supported)")
+        out.append(act)
+    return sorted(out, key=lambda a: a.at)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class _Proc:
+    name: str
+    argv: list[str]
+    popen: subprocess.Popen | None = None
+    restarts: int = 0
+    done: bool = False
+    down_until: float | None = None  # restart at this time
+    stopped_until: float | None = None  # SIGCONT at this time
+
+
+@dataclass
+class Launcher:
+    scfg: SimConfig
+    lcfg: LiveConfig
+    run_dir: Path
+    quiet: bool = False
+    procs: dict[str, _Proc] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(self.run_dir / "events.jsonl")
+        self.run_id = uuid.uuid4().hex[:12]
+        secret_path = self.run_dir / "secret"
+        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, secrets.token_hex(24).encode())
+        os.close(fd)
+        self.secret_path = secret_path
+        self.port = self.lcfg.port or free_port(self.lcfg.host)
+        self.address = f"{self.lcfg.host}:{self.port}"
+        self.chaos = parse_chaos(
+            self.lcfg.chaos,
+            self.scfg.learners,
+            self.lcfg.chaos_seed,
+            self.lcfg.max_wall_s,
+            self.lcfg.restart_delay_s,
+        )
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"[atoll run] {text}", flush=True)
+
+    def _argv(self, kind: str, index: int = 0, restart: int = 0) -> list[str]:
+        settings = to_args(self.scfg, LiveConfig(**{**self.lcfg.__dict__, "port": self.port}))
+        base = [sys.executable, "-m", "atoll.cli", kind, *settings]
+        auth = ["--run-id", self.run_id, "--secret-file", str(self.secret_path)]
+        if kind == "syncer":
+            return [*base, *auth, "--run-dir", str(self.run_dir)]
+        return [
+            *base,
+            *auth,
+            "--syncer",
+            self.address,
+            "--index",
+            str(index),
+            "--restart",
+            str(restart),
+            "--events",
+            str(self.run_dir / "events.jsonl"),
+            "--corpus",
+            str(self.run_dir / "corpus.bin"),
+        ]
+
+    def _spawn(self, proc: _Proc, restart: bool = False) -> None:
+        if restart:
+            proc.restarts += 1
+            if proc.name != "syncer":
+                proc.argv = self._argv("learner", int(proc.name[1:]), proc.restarts)
+        log = open(self.run_dir / f"{proc.name}.log", "ab")
+        proc.popen = subprocess.Popen(
+            proc.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        proc.down_until = None
+        self.events.emit(
+            "restarted" if restart else "started", "launcher", process=proc.name, pid=proc.popen.pid
+        )
+
+    def _cache_corpus(self) -> None:
+        """Read the corpus once; (re)started learners load these bytes instead of the files."""
+        from atoll.model.data import load_stdlib_corpus, load_text_files
+
+        cfg = self.scfg
+        if cfg.data == "stdlib":
+            raw = load_stdlib_corpus(cfg.data_bytes)
+        else:
+            raw = load_text_files([p for p in cfg.data.split(",") if p], cfg.data_bytes)
+        (self.run_dir / "corpus.bin").write_bytes(raw)
+
+    def _wait_syncer(self, timeout: float = 60.0) -> None:
+        from atoll.live.client import wait_ready
+
+        wait_ready(self.address, self.run_id, self.secret_path.read_text(), timeout)
+
+    def run(self) -> dict[str, Any]:
+        start = time.time()
+        self.events.emit("run_started", "launcher", run_id=self.run_id, address=self.address)
+        self._cache_corpus()
+        self.procs["syncer"] = _Proc("syncer", self._argv("syncer"))
+        self._spawn(self.procs["syncer"])
+        self._wait_syncer()
+        t0 = time.time()
+        self._say(f"syncer on {self.address}; starting {self.scfg.learners} learners")
+        for i in range(self.scfg.learners):
+            p = _Proc(f"L{i}", self._argv("learner", i))
+            self.procs[p.name] = p
+            self._spawn(p)
+        chaos = list(self.chaos)
+        interrupted = False
+        try:
+            while True:
+                now = time.time()
+                while chaos and now - t0 >= chaos[0].at:
+                    self._inject(chaos.pop(0), now)
+                self._supervise(now)
+                learners = [p for n, p in self.procs.items() if n != "syncer"]
+                if all(p.done for p in learners):
+                    break
+                if now - start > self.lcfg.max_wall_s:
+                    self._say(f"max_wall_s={self.lcfg.max_wall_s} reached, stopping")
+                    self.events.emit("timeout", "launcher", max_wall_s=self.lcfg.max_wall_s)
+                    break
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            interrupted = True
+            self._say("interrupted: stopping every process")
+        finally:
+            self._shutdown()
+        end = time.time()
+        self.events.emit("run_ended", "launcher", interrupted=interrupted)
+        if interrupted:
+            raise KeyboardInterrupt
+        from atoll.live.summary import summarize
+
+        summary = summarize(self.run_dir, self.scfg, self.lcfg, start, end)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        return summary
+
+    def _inject(self, a: ChaosAction, now: float) -> None:
+        proc = self.procs.get(a.target)
+        if proc is None or proc.popen is None or proc.done or proc.popen.poll() is not None:
+            return
+        if a.action == "kill":
+            proc.popen.send_signal(signal.SIGKILL)
+            proc.popen.wait()
+            proc.down_until = now + a.duration
+        else:
+            proc.popen.send_signal(signal.SIGSTOP)
+            proc.stopped_until = now + a.duration
+        self.events.emit(
+            "chaos", "launcher", action=a.action, process=a.target, duration_s=a.duration
+        )
+        self._say(f"chaos: {a.action} {a.target} for {a.duration:.1f} s")
+
+    def _supervise(self, now: float) -> None:
+        for proc in self.procs.values():
+            if proc.popen is None or proc.done:
+                continue
+            if proc.stopped_until is not None and now >= proc.stopped_until:
+                proc.popen.send_signal(signal.SIGCONT)
+                proc.stopped_until = None
+            rc = proc.popen.poll()
+            if rc is None:
+                continue
+            if rc == 0 and proc.name != "syncer":
+                proc.done = True
+                continue
+            if proc.down_until is None:  # died on its own: restart after the usual delay
+                self.events.emit("crashed", "launcher", process=proc.name, rc=rc)
+                proc.down_until = now + self.lcfg.restart_delay_s
+            if now >= proc.down_until:
+                self._spawn(proc, restart=True)
+                self._say(f"restarted {proc.name}")
+                if proc.name == "syncer":
+                    self._wait_syncer()
+
+    def _shutdown(self) -> None:
+        live = [p for p in self.procs.values() if p.popen is not None and p.popen.poll() is None]
+        learners = [p for p in live if p.name != "syncer"]
+        for p in live:
+            if p.stopped_until is not None:
+                p.popen.send_signal(signal.SIGCONT)
+        for p in learners:
+            p.popen.send_signal(signal.SIGTERM)
+        _wait_all(learners, 10.0)
+        syncer = self.procs.get("syncer")
+        if syncer and syncer.popen and syncer.popen.poll() is None:
+            syncer.popen.send_signal(signal.SIGTERM)
+            _wait_all([syncer], 30.0)
+
+
+def _wait_all(procs: list[_Proc], timeout: float) -> None:
+    until = time.time() + timeout
+    for p in procs:
+        try:
+            p.popen.wait(max(until - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait()
+
+
+def events_of(run_dir: Path) -> list[dict[str, Any]]:
+    return read_events(run_dir / "events.jsonl")
