@@ -273,3 +273,24 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer):
     s = status(addr, RUN, SECRET)
     assert s.rounds >= 4 and min(s.versions) >= 1 and learner.refused == 0
     assert learner.bytes_up > 0 and learner.bytes_down > 0
+
+
+def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
+    """`atoll run`: L1 is SIGKILLed and restarted, then the syncer is SIGKILLed and restored
+    from its tape while the learners keep running (they reconnect, they are not restarted)."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "atoll.cli", "run", "--out", str(out), "--quiet",
+           *_sets(["learners=2", "steps=300", "pace_s=0.03", "restart_delay_s=0.5",
+                   "chaos=kill:L1@3+0.5,kill:syncer@7+0.5", "eval=false"])]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    events = read_events(out / "events.jsonl")
+    restarted = [e["data"]["process"] for e in events if e["kind"] == "restarted"]
+    assert sorted(restarted) == ["L1", "syncer"]  # L0 was never restarted
+    assert len(s["rejoin_times_s"]) == 1 and s["rejoin_times_s"][0] < 10
+    restored = [e for e in events if e["kind"] == "restored"]
+    assert len(restored) == 1 and restored[0]["data"]["rounds_closed"] > 0
+    assert s["lost_committed_rounds"] == 0 and s["syncer_restarts"] == 1
+    assert any(e["kind"] == "reconnected" and e["source"] == "L0" for e in events)
+    assert s["tokens"] >= s["token_budget"] and s["rounds"] > restored[0]["data"]["rounds_closed"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import queue
 import random
+import sys
 import threading
 import time
 import uuid
@@ -108,6 +109,14 @@ def check_params(plan: FragmentPlan, params: dict[str, torch.Tensor]) -> None:
         raise ConfigError("model", f"{n} has shape {have[n]}", f"shape {want[n]} (syncer's)")
 
 
+def _push_schedule() -> dict[str, str]:
+    """The live wire uses the step-count ("push") schedule where the core offers a choice."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(LearnerConfig)}
+    return {"schedule": "push"} if "schedule" in names else {}
+
+
 class Learner:
     def __init__(
         self,
@@ -125,9 +134,15 @@ class Learner:
         heartbeat_s: float = 0.5,
         connect_timeout_s: float = 60.0,
         events: EventLog | str | None = None,
+        switch_interval_s: float | None = 2e-4,
     ) -> None:
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
+        if switch_interval_s is not None:
+            # The communication threads run Python (protobuf, grpc's iterators); with the
+            # default 5 ms GIL switch interval the training thread can wait that long each
+            # time it comes back from a torch op. A short interval bounds that wait.
+            sys.setswitchinterval(switch_interval_s)
         self.model = model
         self.optimizer = inner_optimizer
         self.address = syncer
@@ -209,6 +224,7 @@ class Learner:
                     receipt=s.receipt,
                     alpha=s.alpha,
                     block=True,
+                    **_push_schedule(),
                 )
                 self.proto = LearnerProtocol(self.id, plan, self.params, cfg)
                 self._unsent = [0.0] * plan.P
@@ -285,6 +301,8 @@ class Learner:
 
     def _enqueue(self, sends: list) -> None:
         for s in sends:
+            if not isinstance(s.message, Contribution):
+                continue  # only contributions travel on the live wire (step-count schedule)
             c: Contribution = s.message
             work = self._unsent[c.fragment]
             self._unsent[c.fragment] = 0.0
@@ -511,12 +529,22 @@ class Learner:
             if not self._connected.wait(0.5):
                 self._requeue(item)
                 continue
+            timeout = 30.0 + len(item.c.payload) / 1e5
             try:
-                reply = self.bulk_stub.Push(
-                    self._up_frames(item.c, item.work_s),
-                    metadata=self.metadata,
-                    timeout=30.0 + len(item.c.payload) / 1e5,
-                )
+                if len(item.c.payload) <= self.chunk_bytes and self.bucket is None:
+                    frames = self._up_frames(item.c, item.work_s)
+                    header = next(frames).header
+                    reply = self.bulk_stub.PushOne(
+                        pb.Single(header=header, payload=item.c.payload),
+                        metadata=self.metadata,
+                        timeout=timeout,
+                    )
+                else:
+                    reply = self.bulk_stub.Push(
+                        self._up_frames(item.c, item.work_s),
+                        metadata=self.metadata,
+                        timeout=timeout,
+                    )
             except grpc.RpcError as exc:
                 self.events.emit(
                     "push_failed", self.id, fragment=item.c.fragment, error=str(exc.code())

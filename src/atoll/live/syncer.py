@@ -381,7 +381,14 @@ class SyncerService(pbg.SyncerServicer):
             return self._refuse("?", -1, "empty push stream")
         if first.WhichOneof("body") != "header":
             return self._refuse("?", -1, "a push must start with a header")
-        h = first.header
+        return self._receive(first.header, request_iterator, context)
+
+    def PushOne(self, req: pb.Single, context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
+        return self._receive(req.header, iter([pb.Up(chunk=req.payload)]), context)
+
+    def _receive(
+        self, h: pb.ContributionHeader, chunks: Iterator[pb.Up], context: grpc.ServicerContext
+    ) -> pb.PushReply:
         sess = self.sessions.get(h.learner)
         if sess is None or sess.incarnation != h.incarnation:
             return self._refuse(h.learner, h.fragment, "learner has no live session", "rejoin")
@@ -390,7 +397,7 @@ class SyncerService(pbg.SyncerServicer):
             return self._refuse(h.learner, h.fragment, reason)
         try:
             asm = Assembler(h.total_bytes, h.crc32, self.max_bytes)
-            for msg in request_iterator:
+            for msg in chunks:
                 if msg.WhichOneof("body") != "chunk":
                     raise TransferError("only chunks may follow the header")
                 asm.add(msg.chunk)

@@ -44,6 +44,11 @@ class SyncerStub:
                 request_serializer=atoll__pb2.Up.SerializeToString,
                 response_deserializer=atoll__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.PushOne = channel.unary_unary(
+                '/atoll.v1.Syncer/PushOne',
+                request_serializer=atoll__pb2.Single.SerializeToString,
+                response_deserializer=atoll__pb2.PushReply.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/atoll.v1.Syncer/Heartbeat',
                 request_serializer=atoll__pb2.Beat.SerializeToString,
@@ -66,6 +71,12 @@ class SyncerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Push(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushOne(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,6 +105,11 @@ def add_SyncerServicer_to_server(servicer, server):
             'Push': grpc.stream_unary_rpc_method_handler(
                     servicer.Push,
                     request_deserializer=atoll__pb2.Up.FromString,
+                    response_serializer=atoll__pb2.PushReply.SerializeToString,
+            ),
+            'PushOne': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushOne,
+                    request_deserializer=atoll__pb2.Single.FromString,
                     response_serializer=atoll__pb2.PushReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
@@ -160,6 +176,33 @@ class Syncer:
             target,
             '/atoll.v1.Syncer/Push',
             atoll__pb2.Up.SerializeToString,
+            atoll__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushOne(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atoll.v1.Syncer/PushOne',
+            atoll__pb2.Single.SerializeToString,
             atoll__pb2.PushReply.FromString,
             options,
             channel_credentials,
