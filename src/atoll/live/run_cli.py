@@ -32,7 +32,12 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim
 
-        sim = DecoupledSim(scfg, "virtual_time").run()
+        import dataclasses
+
+        sim_cfg = scfg
+        if "schedule" in {f.name for f in dataclasses.fields(scfg)}:
+            sim_cfg = dataclasses.replace(scfg, schedule="push")  # what the live wire runs
+        sim = DecoupledSim(sim_cfg, "virtual_time").run()
         summary["sim_eval_loss"] = sim.eval_loss
         summary["sim_tokens"] = sim.tokens
         summary["eval_gap_vs_sim"] = (summary["eval_loss"] - sim.eval_loss) / sim.eval_loss
