@@ -30,9 +30,9 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
     out = args.out or Path("runs") / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = Launcher(scfg, lcfg, out, quiet=args.quiet).run()
     if args.compare_sim:
-        from atoll.sim.decoupled import DecoupledSim
-
         import dataclasses
+
+        from atoll.sim.decoupled import DecoupledSim
 
         sim_cfg = scfg
         if "schedule" in {f.name for f in dataclasses.fields(scfg)}:
