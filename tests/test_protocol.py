@@ -13,19 +13,26 @@ from atoll.core.syncer import SyncerConfig, SyncerProtocol
 SHAPES = {"a": (4,), "b": (3,)}
 
 
-def setup(quorum=1, grace=False, n=2, receipt="overwrite", codec_name="fp32", tau=1, **kw):
+def setup(
+    quorum=1, grace=False, n=2, receipt="overwrite", codec_name="fp32", tau=1, schedule="push", **kw
+):
     plan = make_plan(SHAPES, P=2, H=2)
     init = {k: torch.zeros(s) for k, s in SHAPES.items()}
     syncer = SyncerProtocol(
         plan,
         [plan.flatten(init, p) for p in range(2)],
-        SyncerConfig(quorum=quorum, grace=grace, tau=tau, outer="sgd", outer_lr=1.0, **kw),
+        SyncerConfig(
+            quorum=quorum, grace=grace, tau=tau, outer="sgd", outer_lr=1.0, schedule=schedule, **kw
+        ),
     )
     learners = []
     for i in range(n):
         params = {k: torch.zeros(s) for k, s in SHAPES.items()}
         lp = LearnerProtocol(
-            f"L{i}", plan, params, LearnerConfig(tau=tau, codec=codec_name, receipt=receipt)
+            f"L{i}",
+            plan,
+            params,
+            LearnerConfig(tau=tau, codec=codec_name, receipt=receipt, schedule=schedule),
         )
         heal = [o for o in syncer.on_join(0.0, lp.id) if isinstance(o, Send)][0].message
         lp.on_heal(0.0, heal)
@@ -184,3 +191,32 @@ def test_heal_overwrites_local_parameters():
     assert all(
         isinstance(u, FragmentUpdate) and u.kind == "full" for u in syncer.heal_message().updates
     )
+
+
+def test_pull_schedule_paces_rounds_by_measured_step_time():
+    plan, syncer, (l0, l1) = setup(schedule="pull", quorum=2)
+    out = l0.on_step(0.5, 10, 0.5)  # no pull yet: only a progress report
+    assert [type(o.message).__name__ for o in out] == ["Progress"]
+    timers = [o for o in syncer.on_progress(0.6, out[0].message) if isinstance(o, SetTimer)]
+    assert timers and timers[0].key == ("pull", 0)
+    pulls = syncer.on_timer(0.6, timers[0].key)
+    sent = sends(pulls)
+    assert {s.to for s in sent} == {"L0", "L1"}
+    frag = sent[0].message.fragment
+    assert frag == plan.due(1)[0]
+    nxt = [o for o in pulls if isinstance(o, SetTimer)][0]
+    assert nxt.key == ("pull", 1) and nxt.at == pytest.approx(0.6 + 0.5)
+    for s in sent:
+        [l0, l1][int(s.to[1])].on_pull(0.7, s.message)
+    # each learner answers at its next step boundary, whatever its step count
+    c0 = [o.message for o in l0.on_step(1.0, 10, 0.5) if isinstance(o.message, Contribution)]
+    c1 = [o.message for o in l1.take_pulled(1.3)]
+    assert [c.fragment for c in c0] == [frag] and [c.fragment for c in c1] == [frag]
+    assert c0[0].steps == 2 and c1[0].steps == 0
+    assert not sends(syncer.on_contribution(1.1, c0[0]))
+    closed = [
+        o
+        for o in syncer.on_contribution(1.4, c1[0])
+        if isinstance(o, Event) and o.kind == "round_closed"
+    ]
+    assert closed and closed[0].data["participants"] == ["L0", "L1"]

@@ -11,8 +11,20 @@ from atoll.sim.decoupled import DecoupledSim
 from atoll.sim.presets import PRESETS
 from atoll.sim.runner import run_preset
 
-TINY = dict(n_layer=1, d_model=32, n_head=2, context=32, batch=8, steps=48, P=8, H=8,
-            eval_batches=2, eval_points=3, data_bytes=400_000, warmup=5)
+TINY = dict(
+    n_layer=1,
+    d_model=32,
+    n_head=2,
+    context=32,
+    batch=8,
+    steps=48,
+    P=8,
+    H=8,
+    eval_batches=2,
+    eval_points=3,
+    data_bytes=400_000,
+    warmup=5,
+)
 
 
 def tiny(**kw) -> SimConfig:
@@ -45,12 +57,22 @@ def test_baselines_learn():
 
 
 def test_wait_for_all_with_mixed_speeds_blocks_fast_learners():
-    base = dict(learners=2, speeds="1,1.5")
+    base = dict(learners=2, speeds="1,1.5", schedule="push")
     k2 = DecoupledSim(tiny(**base, quorum=2, grace=False)).run()
     k1 = DecoupledSim(tiny(**base, quorum=1, grace=False)).run()
     assert k2.blocked_s > 0 and k2.goodput < 0.95
     assert k1.blocked_s == 0 and k1.goodput > k2.goodput
     assert k2.participants_mean > k1.participants_mean
+
+
+def test_pull_schedule_gathers_mixed_speed_learners_into_the_same_rounds():
+    base = dict(learners=2, speeds="1,1.5", schedule="pull")
+    k1 = DecoupledSim(tiny(**base, quorum=1, grace=False)).run()
+    grace = DecoupledSim(tiny(**base, quorum=1, grace=True)).run()
+    push = DecoupledSim(tiny(**{**base, "schedule": "push"}, quorum=1, grace=True)).run()
+    assert grace.participants_mean > 1.7 > k1.participants_mean
+    assert grace.participants_mean > push.participants_mean
+    assert grace.blocked_s == 0 and grace.goodput > 0.95
 
 
 def test_failed_learners_lose_unsent_work_heal_and_rejoin():
@@ -74,30 +96,51 @@ def test_same_seed_gives_identical_json_and_another_seed_does_not():
 
 def test_cli_writes_json_and_plot(tmp_path, capsys):
     sets = [f"--set={k}={v}" for k, v in {**TINY, "steps": 16}.items()]
-    rc = atoll_main(["sim", "--preset", "quick", *sets, "--json", str(tmp_path / "r.json"),
-                     "--out", str(tmp_path / "out"), "--quiet"])
+    rc = atoll_main(
+        [
+            "sim",
+            "--preset",
+            "quick",
+            *sets,
+            "--json",
+            str(tmp_path / "r.json"),
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["preset"] == "quick" and data["seed"] == 0
     for run in data["runs"]:
         assert run["method"] in ("data_parallel", "sync_diloco", "decoupled")
-        for key in ("eval_loss", "tokens", "wall_time_s", "goodput", "bytes_up", "bytes_down",
-                    "dp_bytes"):
+        for key in (
+            "eval_loss",
+            "tokens",
+            "wall_time_s",
+            "goodput",
+            "bytes_up",
+            "bytes_down",
+            "dp_bytes",
+        ):
             assert key in run
         assert 0 <= run["goodput"] <= 1
     assert (tmp_path / "out" / "loss.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--preset", "nope"], "preset='nope'"),
-    (["--set", "quorum=9"], "quorum=9"),
-    (["--set", "tau=24"], "tau=24"),
-    (["--set", "bandwidth_mbps=-1"], "bandwidth_mbps=-1.0"),
-    (["--set", "P=29", "--set", "H=30"], "P=29"),
-    (["--set", "colour=blue"], "colour='blue'"),
-    (["--set", "learners=two"], "learners='two'"),
-    (["--set", "speeds=1,2,3"], "speeds='1,2,3'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--preset", "nope"], "preset='nope'"),
+        (["--set", "quorum=9"], "quorum=9"),
+        (["--set", "tau=24"], "tau=24"),
+        (["--set", "bandwidth_mbps=-1"], "bandwidth_mbps=-1.0"),
+        (["--set", "P=29", "--set", "H=30"], "P=29"),
+        (["--set", "colour=blue"], "colour='blue'"),
+        (["--set", "learners=two"], "learners='two'"),
+        (["--set", "speeds=1,2,3"], "speeds='1,2,3'"),
+    ],
+)
 def test_bad_settings_stop_with_a_message_naming_them(args, needle, capsys, tmp_path):
     rc = atoll_main(["sim", *args, "--quiet", "--no-plot", "--out", str(tmp_path)])
     err = capsys.readouterr().err

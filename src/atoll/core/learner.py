@@ -11,6 +11,16 @@ Life of fragment p on a learner:
     step >= s + tau             -> apply it (receipt mode), reset counters
 If the answer has not arrived by step s + tau, `blocked()` names p and the driver waits.
 Updates that do not answer a send of ours are kept (latest wins) and applied with the answer.
+
+When fragments are sent (`schedule`):
+- "pull" (default): the syncer paces the rounds. It sends a tiny Pull for fragment p on its own
+  clock, one schedule slot per measured step time; the learner sends p at its next step
+  boundary (`take_pulled`). All learners thus contribute to the same round at about the same
+  wall time whatever their speed, and a slow learner simply contributes fewer steps (its
+  tokens^2/steps weight is smaller). The learner reports its step time in a Progress message
+  after every step.
+- "push": the learner sends p after its own step s with s mod H == t_p. Learners of different
+  speeds then drift out of phase, and rounds gather them only if the syncer waits.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from atoll.core.counters import FragmentCounters
 from atoll.core.events import Event
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import EMA
-from atoll.core.messages import Contribution, FragmentUpdate, Heal, Send
+from atoll.core.messages import Contribution, FragmentUpdate, Heal, Progress, Pull, Send
 from atoll.core.receipt import check_mode, receive
 from atoll.errors import ConfigError
 
@@ -39,6 +49,7 @@ class LearnerConfig:
     receipt: str = "overwrite"
     alpha: float = 0.5
     block: bool = True  # wait at step s+tau for the answer to the send at step s
+    schedule: str = "pull"  # "pull" (syncer-paced) or "push" (step-count schedule)
 
     def validate(self, H: int) -> None:
         if not 0 <= self.tau < H:
@@ -47,6 +58,8 @@ class LearnerConfig:
         if self.group < 1:
             raise ConfigError("group", self.group, "an integer >= 1")
         check_mode(self.receipt, self.alpha)
+        if self.schedule not in ("pull", "push"):
+            raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
 
 
 @dataclass
@@ -83,6 +96,7 @@ class LearnerProtocol:
         self.latest: list[torch.Tensor] = []  # newest public global value (may be unapplied)
         self.latest_version: list[int] = []
         self.outstanding: dict[int, _Outstanding] = {}
+        self.pulled: set[int] = set()
 
     # -- inputs -----------------------------------------------------------------------------
     def on_heal(self, now: float, heal: Heal) -> list[Event]:
@@ -102,18 +116,36 @@ class LearnerProtocol:
             self.plan.assign(self.params, p, self.base[p])
             self.counters.reset(p)
         self.outstanding.clear()
+        self.pulled.clear()
         self.ef.reset()
         self.healed = True
         return [Event(now, "healed", self.id, {"versions": list(self.base_version)})]
 
     def on_step(self, now: float, tokens: int, step_time: float) -> list[Send]:
-        """A local step finished; returns the contributions now due."""
+        """A local step finished; returns the contributions now due (and, when pulled, a
+        Progress report)."""
         if not self.healed:
             raise RuntimeError(f"learner {self.id} stepped before healing from the syncer")
         self.step += 1
         self.step_time.update(step_time)
         self.counters.add_step(tokens)
-        return self.send_now(now, self.plan.due(self.step))
+        if self.cfg.schedule == "push":
+            return self.send_now(now, self.plan.due(self.step))
+        progress = Send("syncer", Progress(self.id, self.step, step_time, now))
+        return [progress, *self.take_pulled(now)]
+
+    def on_pull(self, now: float, pull: Pull) -> None:
+        """The syncer asks for a fragment; it goes out at the next step boundary."""
+        if 0 <= pull.fragment < self.plan.P:
+            self.pulled.add(pull.fragment)
+
+    def take_pulled(self, now: float) -> list[Send]:
+        """Contributions for every pulled fragment (call at a step boundary: after a step,
+        or while waiting between steps)."""
+        if not self.healed or not self.pulled:
+            return []
+        due, self.pulled = sorted(self.pulled), set()
+        return self.send_now(now, due)
 
     def send_now(self, now: float, fragments: list[int]) -> list[Send]:
         """Contributions for `fragments` now (the schedule's, or a final flush)."""

@@ -42,6 +42,29 @@ class FragmentUpdate:
     closed_at: float
 
 
+CONTROL_BYTES = 32  # what a small control message (Pull, Progress) costs on the wire
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Syncer -> learner (pull schedule): send `fragment` at your next step boundary."""
+
+    fragment: int
+    tick: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Learner -> syncer, after every step (pull schedule): tiny metadata, kept off the bulk
+    path, from which the syncer measures the step time that paces its pulls."""
+
+    learner: str
+    step: int
+    step_time: float
+    at: float
+
+
 @dataclass(frozen=True)
 class Heal:
     """Syncer -> (re)joining learner: every fragment's current global value, in full."""

@@ -4,6 +4,11 @@ It holds the global value Theta_p and outer-optimizer state of every fragment. I
 `on_join` (a learner (re)connects: it gets a Heal), `on_lost`, `on_contribution`, `on_timer`.
 Outputs: `Send` (to a learner), `SetTimer`, and `Event`s for the stream.
 
+Pacing (`schedule`): with "pull" (default) the syncer keeps a tick clock at the measured step
+time (EMA of the learners' Progress reports); at tick g it sends Pull for every fragment with
+offset g mod H, so each fragment is synchronised once per H ticks and all learners contribute
+to the same round whatever their speed. With "push" the learners send on their own step count.
+
 Closing a round for fragment p:
  1. contributions are kept per learner (a newer one from the same learner replaces the older);
  2. once `quorum` learners have contributed, the round stays open for the grace window
@@ -30,7 +35,15 @@ from atoll.core.events import Event
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.merge import MERGES, merge_fragment
-from atoll.core.messages import Contribution, FragmentUpdate, Heal, Send, SetTimer
+from atoll.core.messages import (
+    Contribution,
+    FragmentUpdate,
+    Heal,
+    Progress,
+    Pull,
+    Send,
+    SetTimer,
+)
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.errors import ConfigError
 
@@ -51,6 +64,7 @@ class SyncerConfig:
     down_codec: str = "fp32"
     group: int = 64
     history: int = 64  # public versions kept per fragment to resolve learners' base versions
+    schedule: str = "pull"  # "pull": the syncer paces rounds; "push": learners' step counts
 
     def validate(self) -> None:
         if self.merge not in MERGES:
@@ -99,6 +113,7 @@ class SyncerProtocol:
         self.quorum_at: list[float | None] = [None] * plan.P
         self.round_id = [0] * plan.P
         self.rounds_closed = 0
+        self.tick = -1  # pull clock: -1 until the first step time is measured
 
     # -- membership --------------------------------------------------------------------------
     def heal_message(self) -> Heal:
@@ -151,14 +166,35 @@ class SyncerProtocol:
                     {"learner": c.learner, "fragment": c.fragment, "reason": reason},
                 )
             ]
-        self.grace.step.update(c.step_time)
+        if c.step_time > 0:
+            self.grace.step.update(c.step_time)
         weight = token_weight(c.tokens, c.steps) if self.cfg.weighting == "tokens" else 1.0
         self.pending[p][c.learner] = _Pending(
             theta_m, weight, c, self.version[p] - c.base_version, len(c.payload), now
         )
         return self._maybe_close(now, p)
 
+    def on_progress(self, now: float, msg: Progress) -> list:
+        """A learner's step report: measures the step time; starts the pull clock."""
+        if msg.learner not in self.live or not msg.step_time > 0:
+            return []
+        self.grace.step.update(msg.step_time)
+        if self.cfg.schedule == "pull" and self.tick < 0:
+            self.tick = 0
+            return [SetTimer(now, ("pull", 0))]
+        return []
+
+    def _pull(self, now: float, tick: int) -> list:
+        out: list = []
+        for f in self.plan.fragments:
+            if f.offset == tick % self.plan.H:
+                out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.live)]
+        self.tick = tick + 1
+        return out + [SetTimer(now + (self.grace.step.value or 1.0), ("pull", tick + 1))]
+
     def on_timer(self, now: float, key: tuple) -> list:
+        if key[0] == "pull":
+            return self._pull(now, key[1])
         _, p, rid = key
         if rid != self.round_id[p] or not self.pending[p]:
             return []

@@ -49,10 +49,19 @@ class ByteCorpus:
         self.train = arr[:-n_eval]
         self.eval = arr[-n_eval:]
 
-    def shard(self, index: int, count: int) -> torch.Tensor:
-        """Contiguous shard `index` of `count` of the train split."""
-        size = len(self.train) // count
-        return self.train[index * size : (index + 1) * size]
+    def shard(self, index: int, count: int, block: int = 4096) -> torch.Tensor:
+        """Shard `index` of `count` of the train split: blocks of `block` bytes dealt round
+        robin (block i goes to shard i mod count), so shards are disjoint but each one samples
+        the whole corpus. `block=0` gives contiguous shards instead (strongly non-IID here:
+        the standard library's modules differ a lot)."""
+        if count == 1:
+            return self.train
+        if block <= 0:
+            size = len(self.train) // count
+            return self.train[index * size : (index + 1) * size]
+        n_blocks = len(self.train) // block
+        blocks = self.train[: n_blocks * block].view(n_blocks, block)
+        return blocks[index::count].reshape(-1)
 
     @staticmethod
     def batch(

@@ -26,6 +26,7 @@ class SimConfig:
     batch: int = 16
     data: str = "stdlib"  # "stdlib" or comma-separated text file paths
     data_bytes: int = 4_000_000
+    shard_block: int = 4096  # bytes per block dealt round robin to learners; 0 = contiguous
     eval_batches: int = 8
     eval_points: int = 8
     # inner optimizer (AdamW, linear warmup then cosine to 10% over `steps`)
@@ -37,6 +38,7 @@ class SimConfig:
     H: int = 24
     tau: int = 2
     packing: str = "balanced"
+    schedule: str = "pull"  # "pull": the syncer paces rounds; "push": each learner's step count
     # syncer
     quorum: int = 1  # K
     grace: bool = True
@@ -109,8 +111,10 @@ class SimConfig:
             need(getattr(self, k) >= 1, k, "an integer >= 1")
         need(self.d_model % self.n_head == 0, "d_model", f"a multiple of n_head={self.n_head}")
         need(self.lr > 0, "lr", "a number > 0")
+        need(self.shard_block >= 0, "shard_block", "an integer >= 0 (0 = contiguous shards)")
         need(self.warmup >= 0, "warmup", "an integer >= 0")
         need(self.H >= 1, "H", "an integer >= 1")
+        need(self.schedule in ("pull", "push"), "schedule", "'pull' or 'push'")
         need(1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
         need(0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")
         need(

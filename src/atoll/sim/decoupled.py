@@ -27,7 +27,16 @@ import torch
 from atoll.core.events import Event
 from atoll.core.fragments import make_plan
 from atoll.core.learner import LearnerConfig, LearnerProtocol
-from atoll.core.messages import Contribution, FragmentUpdate, Heal, Send, SetTimer
+from atoll.core.messages import (
+    CONTROL_BYTES,
+    Contribution,
+    FragmentUpdate,
+    Heal,
+    Progress,
+    Pull,
+    Send,
+    SetTimer,
+)
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.sim.config import SimConfig
 from atoll.sim.world import (
@@ -56,6 +65,7 @@ def learner_config(cfg: SimConfig) -> LearnerConfig:
         receipt=cfg.receipt,
         alpha=cfg.alpha,
         block=cfg.block,
+        schedule=cfg.schedule,
     )
 
 
@@ -74,6 +84,7 @@ def syncer_config(cfg: SimConfig) -> SyncerConfig:
         outer_delay=cfg.outer_delay,
         down_codec=cfg.down_codec,
         group=cfg.group,
+        schedule=cfg.schedule,
     )
 
 
@@ -97,6 +108,14 @@ class _Learner:
     next_failure: tuple[float, float] | None = None
     unsent: list[float] = field(default_factory=list)  # step-seconds at risk per fragment
     inflight: dict[int, float] = field(default_factory=dict)  # seq -> step-seconds
+
+
+def _nbytes(msg: object) -> int:
+    if isinstance(msg, Heal):
+        return msg.nbytes
+    if isinstance(msg, FragmentUpdate):
+        return len(msg.payload)
+    return CONTROL_BYTES
 
 
 class DecoupledSim:
@@ -167,7 +186,7 @@ class DecoupledSim:
                 lr = self.by_id[o.to]
                 if lr.state == "down":
                     continue
-                nbytes = o.message.nbytes if isinstance(o.message, Heal) else len(o.message.payload)
+                nbytes = _nbytes(o.message)
                 self._push(lr.down.transfer(now, nbytes), "down", lr.id, lr.incarnation, o.message)
 
     def _start_step(self, now: float, lr: _Learner) -> None:
@@ -195,7 +214,10 @@ class DecoupledSim:
         for s in lr.proto.send_now(now, pending):
             self._send_up(now, lr, s.message)
 
-    def _send_up(self, now: float, lr: _Learner, c: Contribution) -> None:
+    def _send_up(self, now: float, lr: _Learner, c: Contribution | Progress) -> None:
+        if isinstance(c, Progress):
+            self._push(lr.up.transfer(now, CONTROL_BYTES), "up", lr.id, lr.incarnation, c)
+            return
         lr.inflight[c.seq] = lr.unsent[c.fragment]
         lr.unsent[c.fragment] = 0.0
         self.events.append(
@@ -236,7 +258,10 @@ class DecoupledSim:
                     self._finish(now, other)
         self._boundary(now, lr)
 
-    def _on_up(self, now: float, lr: _Learner, c: Contribution) -> None:
+    def _on_up(self, now: float, lr: _Learner, c: Contribution | Progress) -> None:
+        if isinstance(c, Progress):
+            self._syncer_outputs(now, self.syncer.on_progress(now, c))
+            return
         self.useful += lr.inflight.pop(c.seq, 0.0)
         self._syncer_outputs(now, self.syncer.on_contribution(now, c))
 
@@ -253,6 +278,12 @@ class DecoupledSim:
                 lr.state = "done"
             else:
                 self._start_step(now, lr)
+            return
+        if isinstance(msg, Pull):
+            lr.proto.on_pull(now, msg)
+            if lr.state == "waiting":  # idle at a step boundary: answer the pull at once
+                for s in lr.proto.take_pulled(now):
+                    self._send_up(now, lr, s.message)
             return
         assert isinstance(msg, FragmentUpdate)
         self.events += lr.proto.on_update(now, msg)
@@ -315,6 +346,8 @@ class DecoupledSim:
         while self.queue:
             now, _, kind, args = heapq.heappop(self.queue)
             if kind == "timer":
+                if args[0][0] == "pull" and all(lr.state == "done" for lr in self.learners):
+                    continue  # the run is over: let the syncer's pull clock stop
                 self._syncer_outputs(now, self.syncer.on_timer(now, args[0]))
                 continue
             lr = self.by_id[args[0]]

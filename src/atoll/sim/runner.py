@@ -39,8 +39,13 @@ def plan_runs(preset: Preset, overrides: dict[str, object]) -> list[tuple[str, S
 def check_plan(cfg: SimConfig) -> None:
     """Raise ConfigError now if the model cannot be split into cfg.P fragments."""
     model = GPT(gpt_config(cfg))
-    make_plan({n: tuple(p.shape) for n, p in model.named_parameters()}, cfg.P, cfg.H,
-              model.embedding_names(), cfg.packing)
+    make_plan(
+        {n: tuple(p.shape) for n, p in model.named_parameters()},
+        cfg.P,
+        cfg.H,
+        model.embedding_names(),
+        cfg.packing,
+    )
 
 
 def run_preset(
