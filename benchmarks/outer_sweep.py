@@ -47,6 +47,13 @@ VARIANTS: dict[str, dict[str, object]] = {
         "receipt": "overwrite",
     },
     "mean+sgd(1)+carry": {"merge": "mean", "outer": "sgd", "outer_lr": 1.0, "receipt": "carry"},
+    "rda+sgd(1)+overwrite, int4 down": {
+        "merge": "rda",
+        "outer": "sgd",
+        "outer_lr": 1.0,
+        "receipt": "overwrite",
+        "down_codec": "int4",
+    },
 }
 
 

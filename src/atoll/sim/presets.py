@@ -27,6 +27,7 @@ class Preset:
 
 
 _DECOUPLED = {"method": "decoupled", "quorum": 1, "grace": True, "codec": "int4"}
+_HETERO = {"method": "decoupled", "speeds": "1,1,1.18,1.18", "speed_noise": 0.1}
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -42,8 +43,15 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "compare",
-            "data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo at equal tokens",
-            {"steps": 600, "bandwidth_mbps": 100.0, "down_codec": "int4"},
+            "data-parallel vs synchronous DiLoCo vs Decoupled DiLoCo at equal tokens, 100 Mbps "
+            "links, 16k tokens per learner step (a learner is a data-parallel job of its own)",
+            {
+                "steps": 120,
+                "batch": 256,
+                "warmup": 10,
+                "bandwidth_mbps": 100.0,
+                "down_codec": "int4",
+            },
             (
                 RunSpec("data_parallel", {"method": "data_parallel"}),
                 RunSpec("sync_diloco", {"method": "sync_diloco"}),
@@ -53,24 +61,28 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "hetero",
             "mixed hardware: half the learners 18% slower, 10% step-time noise; K=M vs K=1 vs "
-            "K=1 + grace",
-            {"steps": 400, "speeds": "1,1,1.18,1.18", "speed_noise": 0.1},
+            "K=1 + grace (syncer-paced rounds), and K=M / K=1 + grace with learner-paced rounds",
+            {"steps": 300},
             (
-                RunSpec("decoupled_K=M", {"method": "decoupled", "quorum": 4, "grace": False}),
-                RunSpec("decoupled_K=1", {"method": "decoupled", "quorum": 1, "grace": False}),
-                RunSpec("decoupled_K=1+grace", {"method": "decoupled", "quorum": 1, "grace": True}),
+                RunSpec("K=M", {**_HETERO, "quorum": 4, "grace": False}),
+                RunSpec("K=1", {**_HETERO, "quorum": 1, "grace": False}),
+                RunSpec("K=1+grace", {**_HETERO, "quorum": 1, "grace": True}),
+                RunSpec("push:K=M", {**_HETERO, "quorum": 4, "grace": False, "schedule": "push"}),
+                RunSpec(
+                    "push:K=1+grace", {**_HETERO, "quorum": 1, "grace": True, "schedule": "push"}
+                ),
             ),
         ),
         Preset(
             "failures",
-            "learners fail (Poisson, MTBF 300 simulated s) and rejoin after ~20 s; Decoupled "
-            "vs data-parallel, each with and without failures",
-            {"steps": 400, "downtime_s": 20.0},
+            "learners fail (Poisson, MTBF 600 simulated s each) and rejoin after ~20 s; "
+            "Decoupled vs data-parallel, each with and without failures",
+            {"steps": 300, "downtime_s": 20.0},
             (
                 RunSpec("decoupled_no_failures", {**_DECOUPLED, "mtbf_s": 0.0}),
-                RunSpec("decoupled_failures", {**_DECOUPLED, "mtbf_s": 300.0}),
+                RunSpec("decoupled_failures", {**_DECOUPLED, "mtbf_s": 600.0}),
                 RunSpec("data_parallel_no_failures", {"method": "data_parallel", "mtbf_s": 0.0}),
-                RunSpec("data_parallel_failures", {"method": "data_parallel", "mtbf_s": 300.0}),
+                RunSpec("data_parallel_failures", {"method": "data_parallel", "mtbf_s": 600.0}),
             ),
         ),
     ]
