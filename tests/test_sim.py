@@ -126,6 +126,9 @@ def test_cli_writes_json_and_plot(tmp_path, capsys):
             assert key in run
         assert 0 <= run["goodput"] <= 1
     assert (tmp_path / "out" / "loss.png").stat().st_size > 1000
+    lines = (tmp_path / "out" / "events-decoupled.jsonl").read_text().splitlines()
+    kinds = {json.loads(line)["kind"] for line in lines}
+    assert {"sent", "round_closed", "applied", "healed"} <= kinds
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"sim-{preset.name}-s{seed}"
 
     if args.quiet:
-        result = run_preset(preset, overrides)
+        result = run_preset(preset, overrides, events_dir=out)
     else:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
 
                 return update
 
-            result = run_preset(preset, overrides, factory)
+            result = run_preset(preset, overrides, factory, events_dir=out)
     text = json.dumps(result, indent=1, sort_keys=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(text)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 from atoll.core.fragments import make_plan
 from atoll.model import GPT
@@ -14,14 +16,25 @@ from atoll.sim.presets import Preset
 from atoll.sim.world import ProgressFn, RunResult, gpt_config
 
 
-def run_one(cfg: SimConfig, name: str, progress: ProgressFn | None = None) -> RunResult:
+def run_one(
+    cfg: SimConfig,
+    name: str,
+    progress: ProgressFn | None = None,
+    events_path: Path | None = None,
+) -> RunResult:
+    """Run one method; a Decoupled run can write its event stream as JSON lines."""
     cfg = cfg.validate()
     if cfg.method == "data_parallel":
-        result = run_data_parallel(cfg, name, progress)
-    elif cfg.method == "sync_diloco":
-        result = run_sync_diloco(cfg, name, progress)
-    else:
-        result = DecoupledSim(cfg, name, progress).run()
+        return run_data_parallel(cfg, name, progress)
+    if cfg.method == "sync_diloco":
+        return run_sync_diloco(cfg, name, progress)
+    sim = DecoupledSim(cfg, name, progress)
+    result = sim.run()
+    if events_path is not None:
+        events_path.parent.mkdir(parents=True, exist_ok=True)
+        with events_path.open("w") as f:
+            for e in sim.events:
+                f.write(json.dumps(e.to_dict(), sort_keys=True) + "\n")
     return result
 
 
@@ -52,12 +65,14 @@ def run_preset(
     preset: Preset,
     overrides: dict[str, object],
     progress_factory: Callable[[str], ProgressFn] | None = None,
+    events_dir: Path | None = None,
 ) -> dict:
     runs = plan_runs(preset, overrides)  # validate everything before spending compute
     out_runs = []
     for name, cfg in runs:
         progress = progress_factory(name) if progress_factory else None
-        result = run_one(cfg, name, progress)
+        events = events_dir / f"events-{name}.jsonl" if events_dir else None
+        result = run_one(cfg, name, progress, events)
         result.settings = {
             k: v
             for k, v in dataclasses.asdict(cfg).items()
