@@ -50,7 +50,8 @@ def _sets(extra=()):
 
 
 @pytest.fixture
-def syncer(tmp_path):
+def syncer(tmp_path, request):
+    schedule = getattr(request, "param", "pull")
     env = {**os.environ, "ATOLL_SECRET": SECRET}
     proc = subprocess.Popen(
         [
@@ -62,7 +63,7 @@ def syncer(tmp_path):
             str(tmp_path),
             "--run-id",
             RUN,
-            *_sets(["steps=1000", "learners=2"]),
+            *_sets(["steps=1000", "learners=2", f"schedule={schedule}"]),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -247,6 +248,7 @@ def test_sender_killed_mid_transfer_leaves_no_partial_contribution(syncer):
     assert s.rounds == 0 and set(s.versions) == {0}
 
 
+@pytest.mark.parametrize("syncer", ["pull", "push"], indirect=True)
 def test_learner_library_heals_trains_and_matches_global_state(syncer):
     from atoll.live.learner import Learner
     from atoll.sim.config import SimConfig
@@ -261,27 +263,62 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer):
     learner = Learner(model, opt, addr, learner_id="LIB", run_id=RUN, secret=SECRET)
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), expected[n]), n  # healed from the syncer's values
+    schedule = learner.proto.cfg.schedule
+    assert schedule == _schedule_of(proc)  # the Welcome carried the syncer's schedule
     x = torch.randint(0, 256, (4, 16))
-    for _ in range(12):
+    rounds_before_flush = 0
+    for _ in range(16):
         loss = model(x, x)
         loss.backward()
         opt.step()
         opt.zero_grad()
         learner.step(tokens=64)
-        time.sleep(0.02)
+        time.sleep(0.03)
+    rounds_before_flush = status(addr, RUN, SECRET).rounds
     learner.finish(timeout=10)
     s = status(addr, RUN, SECRET)
     assert s.rounds >= 4 and min(s.versions) >= 1 and learner.refused == 0
     assert learner.bytes_up > 0 and learner.bytes_down > 0
+    # rounds closed while training, not only by the final flush
+    assert rounds_before_flush >= 2, rounds_before_flush
+    if schedule == "pull":
+        # the syncer paced the rounds: pulls came down the control stream, promptly
+        assert learner.pulls >= 4
+        lat = sorted(learner.pull_latency_s)
+        assert lat and lat[len(lat) // 2] < 0.03, lat  # median below one step (~35 ms here)
+    else:
+        assert learner.pulls == 0
+
+
+def _schedule_of(proc):
+    argv = proc.args
+    return next(a.split("=", 1)[1] for a in argv if str(a).startswith("schedule="))
 
 
 def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
-    """`atoll run`: L1 is SIGKILLed and restarted, then the syncer is SIGKILLed and restored
-    from its tape while the learners keep running (they reconnect, they are not restarted)."""
+    """`atoll run` (pull schedule, the default): L1 is SIGKILLed and restarted, then the syncer
+    is SIGKILLed and restored from its tape while the learners keep running (they reconnect,
+    they are not restarted)."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "atoll.cli", "run", "--out", str(out), "--quiet",
-           *_sets(["learners=2", "steps=300", "pace_s=0.03", "restart_delay_s=0.5",
-                   "chaos=kill:L1@3+0.5,kill:syncer@7+0.5", "eval=false"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "atoll.cli",
+        "run",
+        "--out",
+        str(out),
+        "--quiet",
+        *_sets(
+            [
+                "learners=2",
+                "steps=300",
+                "pace_s=0.03",
+                "restart_delay_s=0.5",
+                "chaos=kill:L1@3+0.5,kill:syncer@7+0.5",
+                "eval=false",
+            ]
+        ),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
@@ -294,3 +331,6 @@ def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
     assert s["lost_committed_rounds"] == 0 and s["syncer_restarts"] == 1
     assert any(e["kind"] == "reconnected" and e["source"] == "L0" for e in events)
     assert s["tokens"] >= s["token_budget"] and s["rounds"] > restored[0]["data"]["rounds_closed"]
+    # the default pull schedule ran: pulls came down the control stream, promptly
+    steps = [e["data"] for e in events if e["kind"] == "step" and e["data"].get("pulls")]
+    assert steps and all(d["pull_latency_ms"] < 30 for d in steps), steps

@@ -168,3 +168,25 @@ def test_torn_tape_record_is_ignored(tmp_path):
     r = restore(back, tmp_path / "none.safetensors", Tape(tmp_path / "tape"))
     assert r.replayed == 2 and back.version == [1, 1, 0]
     assert not math.isnan(float(back.theta[0].sum()))
+
+
+def test_deferred_encoder_matches_error_feedback_and_drops_obsolete_vectors():
+    from atoll.live.learner import DeferredEncoder
+
+    torch.manual_seed(0)
+    xs = [torch.randn(300) for _ in range(4)]
+    ref = codec.ErrorFeedback("int4", 64, True)
+    enc = DeferredEncoder("int4", 64, True)
+    tokens = [enc.encode(1, x) for x in xs]  # what the protocol does at step boundaries
+    assert all(t.startswith(b"atoll-deferred:") for t in tokens) and len(set(tokens)) == 4
+    for x, t in zip(xs, tokens, strict=True):  # what the up thread does later, in order
+        vec, gen = enc.take(t)
+        assert torch.equal(vec, x)
+        assert enc.finish(1, vec, gen) == ref.encode(1, x)  # same frames, same residuals
+    assert enc.take(tokens[0]) is None  # each vector is handed out once
+    t_old = enc.encode(2, xs[0])
+    enc.reset()  # a heal: vectors taken before it are obsolete, residuals start over
+    vec, gen = enc.take(t_old)
+    assert enc.finish(2, vec, gen) is None
+    vec, gen = enc.take(enc.encode(1, xs[1]))
+    assert enc.finish(1, vec, gen) == codec.ErrorFeedback("int4", 64, True).encode(1, xs[1])

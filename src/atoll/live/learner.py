@@ -12,7 +12,11 @@
 thread, inside `step()` (a step boundary); communication runs in background threads:
   - down: the Join stream (welcome, heal, broadcast updates), reassembled and crc-checked;
   - up: one Push stream per contribution (newest per fragment; optional token-bucket shaping);
-  - beat: heartbeats on a separate channel (control traffic stays off the bulk path).
+  - beat: heartbeats on a separate channel (control traffic stays off the bulk path);
+  - ctl: with the pull schedule (the default), a Control stream on that control channel: the
+    learner's step reports (core Progress, batched every `progress_interval_s`) go up, the
+    syncer's Pulls come down and are answered at the next step boundary (at once when the
+    learner is waiting for an answer).
 If the syncer goes away, the threads reconnect with exponential backoff (0.2 s doubling to 2 s,
 with jitter) and *resume*: the learner keeps its local progress when the syncer still holds its
 base versions, and heals (loads every global fragment) otherwise. The constructor blocks until
@@ -23,6 +27,7 @@ The inner optimizer is left alone (its state is kept across receipts, as in DiLo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import random
@@ -30,7 +35,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +45,7 @@ import torch
 
 from atoll.core.fragments import Fragment, FragmentPlan
 from atoll.core.learner import LearnerConfig, LearnerProtocol
-from atoll.core.messages import Contribution, FragmentUpdate, Heal
+from atoll.core.messages import Contribution, FragmentUpdate, Heal, Progress, Pull
 from atoll.errors import ConfigError
 from atoll.live.eventlog import EventLog
 from atoll.wire import PROTOCOL
@@ -48,6 +53,12 @@ from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata, load_secret, open_channel
 from atoll.wire.chunks import Assembler, TransferError, crc32, split
+
+
+def _median_ms(xs: deque[float]) -> float | None:
+    """Median of a few recent latencies, in ms (None if there are none)."""
+    vals = sorted(list(xs))
+    return round(1e3 * vals[len(vals) // 2], 3) if vals else None
 
 
 class TokenBucket:
@@ -78,6 +89,67 @@ class TokenBucket:
 class _Outgoing:
     c: Contribution
     work_s: float
+    vector: torch.Tensor | None = None  # not yet encoded (payload empty until then)
+    generation: int = 0
+
+
+_PLACEHOLDER = b"atoll-deferred:"
+
+
+class DeferredEncoder:
+    """Stands in for the protocol's `codec.ErrorFeedback` so that the training thread does no
+    quantizing or compressing: `encode` keeps the vector (base - theta, a fresh tensor the
+    protocol computed at the step boundary, so the snapshot is consistent) and returns a
+    placeholder; the up thread later calls `finish`, which encodes with the real error
+    feedback in the order contributions actually go out. A heal (`reset()`) starts a new
+    generation: vectors of an older one are dropped, not sent."""
+
+    def __init__(self, scheme: str, group: int, enabled: bool) -> None:
+        from atoll.core import codec
+
+        self.real = codec.ErrorFeedback(scheme, group, enabled)
+        self.generation = 0
+        self._encoded_generation = 0
+        self._jobs: dict[bytes, tuple[object, torch.Tensor, int]] = {}
+        self._key_resets: set[object] = set()
+        self._n = 0
+        self._lock = threading.Lock()
+
+    # -- the protocol's side (training thread) ------------------------------------------------
+    def encode(self, key: object, x: torch.Tensor) -> bytes:
+        self._n += 1
+        token = _PLACEHOLDER + str(self._n).encode()
+        with self._lock:
+            self._jobs[token] = (key, x.detach().reshape(-1), self.generation)
+        return token
+
+    def reset(self, key: object | None = None) -> None:
+        with self._lock:
+            if key is None:
+                self.generation += 1
+                self._key_resets.clear()
+            else:
+                self._key_resets.add(key)
+
+    # -- the driver's side --------------------------------------------------------------------
+    def take(self, payload: bytes) -> tuple[torch.Tensor, int] | None:
+        """(vector, generation) kept for a placeholder payload (training thread, at enqueue)."""
+        with self._lock:
+            job = self._jobs.pop(payload, None)
+        return None if job is None else (job[1], job[2])
+
+    def finish(self, key: object, vector: torch.Tensor, generation: int) -> bytes | None:
+        """Encode a kept vector (up thread); None if a heal has made it obsolete."""
+        with self._lock:
+            if generation < self.generation:
+                return None
+            if generation > self._encoded_generation:
+                self.real.reset()
+                self._encoded_generation = generation
+            if key in self._key_resets:
+                self._key_resets.discard(key)
+                self.real.reset(key)
+        return self.real.encode(key, vector)
 
 
 def plan_from_welcome(w: pb.Welcome) -> FragmentPlan:
@@ -109,14 +181,6 @@ def check_params(plan: FragmentPlan, params: dict[str, torch.Tensor]) -> None:
         raise ConfigError("model", f"{n} has shape {have[n]}", f"shape {want[n]} (syncer's)")
 
 
-def _push_schedule() -> dict[str, str]:
-    """The live wire uses the step-count ("push") schedule where the core offers a choice."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(LearnerConfig)}
-    return {"schedule": "push"} if "schedule" in names else {}
-
-
 class Learner:
     def __init__(
         self,
@@ -135,6 +199,7 @@ class Learner:
         connect_timeout_s: float = 60.0,
         events: EventLog | str | None = None,
         switch_interval_s: float | None = 2e-4,
+        progress_interval_s: float = 0.05,
     ) -> None:
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
@@ -153,6 +218,7 @@ class Learner:
         self.metadata = call_metadata(run_id, self.secret)
         self.wait_s = wait_s
         self.heartbeat_s = heartbeat_s
+        self.progress_interval_s = progress_interval_s
         self.events = events if isinstance(events, EventLog) else EventLog(events)
         self.bucket = TokenBucket(shape_mbps * 1e6) if shape_mbps > 0 else None
         self.started = time.time()
@@ -161,6 +227,11 @@ class Learner:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._out: OrderedDict[int, _Outgoing] = OrderedDict()
         self._out_cv = threading.Condition()
+        self._progress: deque[Progress] = deque(maxlen=4096)  # step reports not yet sent
+        self._progress_ev = threading.Event()
+        self._ctl_call: Any = None
+        self.pulls = 0
+        self.pull_latency_s: deque[float] = deque(maxlen=256)  # syncer's send -> our inbox
         self._connected = threading.Event()
         self._closing = threading.Event()
         self._stop_flag = threading.Event()
@@ -193,6 +264,7 @@ class Learner:
             threading.Thread(target=self._down_loop, name="atoll-down", daemon=True),
             threading.Thread(target=self._up_loop, name="atoll-up", daemon=True),
             threading.Thread(target=self._beat_loop, name="atoll-beat", daemon=True),
+            threading.Thread(target=self._control_loop, name="atoll-ctl", daemon=True),
         ]
         for t in self._threads:
             t.start()
@@ -224,9 +296,12 @@ class Learner:
                     receipt=s.receipt,
                     alpha=s.alpha,
                     block=True,
-                    **_push_schedule(),
+                    schedule=s.schedule or "push",
                 )
                 self.proto = LearnerProtocol(self.id, plan, self.params, cfg)
+                # quantize + compress in the up thread, not at the step boundary
+                self.encoder = DeferredEncoder(cfg.codec, cfg.group, cfg.error_feedback)
+                self.proto.ef = self.encoder  # type: ignore[assignment]
                 self._unsent = [0.0] * plan.P
                 self._apply_heal(item[1])
                 return
@@ -287,6 +362,7 @@ class Learner:
                 except queue.Empty:
                     break
                 self._handle(item)
+                self._enqueue(proto.take_pulled(time.time()))  # idle: answer pulls at once
                 proto.apply_due(time.time())
         self._publish_versions()
         if self.steps_done % 50 == 0:
@@ -297,18 +373,28 @@ class Learner:
                 step=self.steps_done,
                 tokens=self.tokens_done,
                 step_time=proto.step_time.value,
+                pulls=self.pulls,
+                pull_latency_ms=_median_ms(self.pull_latency_s),
             )
 
     def _enqueue(self, sends: list) -> None:
         for s in sends:
+            if isinstance(s.message, Progress):
+                self._progress.append(s.message)  # control path, batched by the ctl thread
+                self._progress_ev.set()
+                continue
             if not isinstance(s.message, Contribution):
-                continue  # only contributions travel on the live wire (step-count schedule)
+                continue
             c: Contribution = s.message
             work = self._unsent[c.fragment]
             self._unsent[c.fragment] = 0.0
+            job = self.encoder.take(c.payload)
+            vector, gen = job if job is not None else (None, self.encoder.generation)
             with self._out_cv:
                 old = self._out.pop(c.fragment, None)  # the newest send supersedes it
-                self._out[c.fragment] = _Outgoing(c, work + (old.work_s if old else 0.0))
+                self._out[c.fragment] = _Outgoing(
+                    c, work + (old.work_s if old else 0.0), vector, gen
+                )
                 self._out_cv.notify()
 
     def _publish_versions(self) -> None:
@@ -334,6 +420,9 @@ class Learner:
             except ValueError as exc:  # a delta that does not chain: heal
                 self.events.emit("heal_needed", self.id, reason=str(exc))
                 self._request_heal()
+        elif kind == "pull":
+            self.pulls += 1
+            proto.on_pull(time.time(), item[1])
         elif kind == "heal":
             self._apply_heal(item[1])
         elif kind == "refused":
@@ -354,8 +443,9 @@ class Learner:
         proto = self.proto
         if proto is not None and proto.healed:
             now = time.time()
-            recent = set(proto.plan.due(proto.step))
-            pending = [p for p in range(proto.plan.P) if p not in recent]
+            self._drain()
+            proto.pulled.clear()  # the final flush below sends every fragment with new work
+            pending = [p for p in range(proto.plan.P) if self._unsent[p] > 0]
             self._enqueue(proto.send_now(now, pending))
             until = time.time() + timeout
             while time.time() < until and self._connected.is_set():
@@ -391,10 +481,12 @@ class Learner:
         self._closing.set()
         with self._out_cv:
             self._out_cv.notify_all()
+        self._progress_ev.set()
         with self._lock:
-            call = self._join_call
-        if call is not None:
-            call.cancel()
+            calls = (self._join_call, self._ctl_call)
+        for call in calls:
+            if call is not None:
+                call.cancel()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=2.0)
@@ -529,6 +621,11 @@ class Learner:
             if not self._connected.wait(0.5):
                 self._requeue(item)
                 continue
+            if item.vector is not None:  # encode here, off the training thread
+                payload = self.encoder.finish(item.c.fragment, item.vector, item.generation)
+                if payload is None:
+                    continue  # made obsolete by a heal
+                item = _Outgoing(dataclasses.replace(item.c, payload=payload), item.work_s)
             timeout = 30.0 + len(item.c.payload) / 1e5
             try:
                 if len(item.c.payload) <= self.chunk_bytes and self.bucket is None:
@@ -588,6 +685,57 @@ class Learner:
             if self.bucket is not None:
                 self.bucket.take(len(chunk))
             yield pb.Up(chunk=chunk)
+
+    # -- background: control stream (pull schedule) ------------------------------------------
+    def _control_loop(self) -> None:
+        """Keeps the Control stream open while the schedule is "pull": step reports up, pulls
+        down into the inbox (handled at the next step boundary)."""
+        backoff = 0.2
+        while not self._closing.is_set():
+            proto = self.proto
+            if proto is None or proto.cfg.schedule != "pull" or not self._connected.is_set():
+                self._closing.wait(0.1 if proto is None else 0.2)
+                continue
+            ended = threading.Event()
+            call = self.control_stub.Control(self._control_up(ended), metadata=self.metadata)
+            with self._lock:
+                self._ctl_call = call
+            try:
+                for msg in call:
+                    backoff = 0.2
+                    now = time.time()
+                    for x in msg.pulls:
+                        self.pull_latency_s.append(max(now - x.at, 0.0))
+                        self.inbox.put(("pull", Pull(x.fragment, x.tick, x.at)))
+            except grpc.RpcError:
+                pass
+            finally:
+                ended.set()
+                self._progress_ev.set()  # wake the request generator so it ends
+                with self._lock:
+                    self._ctl_call = None
+            if self._closing.wait(backoff * random.uniform(0.8, 1.2)):
+                break
+            backoff = min(backoff * 2, 2.0)
+
+    def _control_up(self, ended: threading.Event) -> Iterator[pb.ControlUp]:
+        """Request side of the Control stream: a hello, then batches of step reports (it
+        sleeps on an event between steps; at most one batch per `progress_interval_s`)."""
+        yield pb.ControlUp(
+            hello=pb.ControlHello(protocol=PROTOCOL, learner=self.id, incarnation=self.incarnation)
+        )
+        while not ended.is_set() and not self._closing.is_set():
+            if not self._progress_ev.wait(1.0):
+                continue
+            self._progress_ev.clear()
+            batch = []
+            while self._progress:
+                r = self._progress.popleft()
+                batch.append(pb.StepReport(step=r.step, step_time=r.step_time, at=r.at))
+            if batch and not ended.is_set():
+                yield pb.ControlUp(progress=pb.ProgressBatch(steps=batch))
+            if self.progress_interval_s > 0:
+                ended.wait(self.progress_interval_s)
 
     # -- background: heartbeats ---------------------------------------------------------------
     def _beat_loop(self) -> None:

@@ -30,16 +30,12 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
     out = args.out or Path("runs") / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = Launcher(scfg, lcfg, out, quiet=args.quiet).run()
     if args.compare_sim:
-        import dataclasses
-
         from atoll.sim.decoupled import DecoupledSim
 
-        sim_cfg = scfg
-        if "schedule" in {f.name for f in dataclasses.fields(scfg)}:
-            sim_cfg = dataclasses.replace(scfg, schedule="push")  # what the live wire runs
-        sim = DecoupledSim(sim_cfg, "virtual_time").run()
+        sim = DecoupledSim(scfg, "virtual_time").run()  # same settings, schedule included
         summary["sim_eval_loss"] = sim.eval_loss
         summary["sim_tokens"] = sim.tokens
+        summary["sim_participants_mean"] = sim.participants_mean
         summary["eval_gap_vs_sim"] = (summary["eval_loss"] - sim.eval_loss) / sim.eval_loss
         (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     if not args.quiet:

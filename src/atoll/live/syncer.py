@@ -1,8 +1,13 @@
 """The live syncer: a wall-clock, gRPC driver around atoll.core.syncer.SyncerProtocol.
 
-Threads: gRPC handlers (Join streams, Push streams, Heartbeat, Status), a timer thread that
-fires the protocol's SetTimer outputs (grace windows), a reaper that declares silent learners
-lost, and a snapshot thread. Every protocol call happens under one lock.
+Threads: gRPC handlers (Join streams, Push streams, Heartbeat, Status, Control streams), a
+timer thread that fires the protocol's SetTimer outputs (grace windows, the pull clock), a
+reaper that declares silent learners lost, and a snapshot thread. Every protocol call happens
+under one lock.
+
+Pull schedule: each learner keeps a Control stream open on its control channel (a TCP
+connection of its own, so nothing waits behind fragment data). Step reports come up it and go
+to `on_progress`; the protocol's `Send(learner, Pull)` outputs go down it at once.
 
 A contribution reaches `on_contribution` only after its chunks were fully received, the size
 and crc32 checked and the codec frame's scheme and size matched; a stream cut in the middle is
@@ -31,7 +36,7 @@ from atoll.core import codec
 from atoll.core.events import Event
 from atoll.core.fragments import FragmentPlan
 from atoll.core.learner import LearnerConfig
-from atoll.core.messages import Contribution, FragmentUpdate, Send, SetTimer
+from atoll.core.messages import Contribution, FragmentUpdate, Progress, Pull, Send, SetTimer
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.live.eventlog import EventLog
 from atoll.live.store import Restored, Tape, commit_record, restore, write_snapshot
@@ -111,6 +116,34 @@ class _Session:
             return None
 
 
+@dataclass
+class _Control:
+    """One learner's Control stream: pulls waiting to go down it."""
+
+    learner: str
+    incarnation: str
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    pulls: list[Pull] = field(default_factory=list)
+    closed: bool = False
+
+    def put(self, pull: Pull) -> None:
+        with self.cond:
+            self.pulls.append(pull)
+            self.cond.notify()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+
+    def get(self, timeout: float) -> list[Pull]:
+        with self.cond:
+            if not (self.pulls or self.closed):
+                self.cond.wait(timeout)
+            out, self.pulls = self.pulls, []
+            return out
+
+
 class SyncerService(pbg.SyncerServicer):
     def __init__(
         self,
@@ -128,6 +161,7 @@ class SyncerService(pbg.SyncerServicer):
         self.lock = threading.RLock()
         self.epoch = uuid.uuid4().hex[:12]
         self.sessions: dict[str, _Session] = {}
+        self.controls: dict[str, _Control] = {}
         self.timers: list[tuple[float, int, tuple]] = []
         self._timer_seq = 0
         self._timer_cv = threading.Condition(self.lock)
@@ -224,6 +258,10 @@ class SyncerService(pbg.SyncerServicer):
                             u.closed_at,
                         )
                     sess.put_update(u, full)
+            elif isinstance(o, Send) and isinstance(o.message, Pull):
+                sess, ctl = self.sessions.get(o.to), self.controls.get(o.to)
+                if sess is not None and ctl is not None and ctl.incarnation == sess.incarnation:
+                    ctl.put(o.message)
 
     def _auth_refused(self, method: str, reason: str) -> None:
         self.acct["auth_refused"] = int(self.acct.get("auth_refused", 0)) + 1
@@ -273,6 +311,7 @@ class SyncerService(pbg.SyncerServicer):
                 error_feedback=c.error_feedback,
                 receipt=c.receipt,
                 alpha=c.alpha,
+                schedule=c.schedule,
             ),
             heal=heal,
             chunk_bytes=self.opts.chunk_bytes,
@@ -493,6 +532,72 @@ class SyncerService(pbg.SyncerServicer):
             live=live,
         )
 
+    def Control(
+        self, request_iterator: Iterator[pb.ControlUp], context: grpc.ServicerContext
+    ) -> Iterator[pb.ControlDown]:  # noqa: N802
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("body") != "hello":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Control stream starts with a hello")
+        h = first.hello
+        if h.protocol != PROTOCOL:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"learner speaks protocol {h.protocol}, this syncer {PROTOCOL}",
+            )
+        if not h.learner or not h.incarnation:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner and incarnation are required")
+        ctl = _Control(h.learner, h.incarnation)
+        with self.lock:
+            old = self.controls.get(h.learner)
+            if old is not None:
+                old.close()
+            self.controls[h.learner] = ctl
+        context.add_callback(ctl.close)
+        reader = threading.Thread(
+            target=self._read_progress, args=(ctl, request_iterator), daemon=True
+        )
+        reader.start()
+        try:
+            while not ctl.closed and not self.stopping.is_set():
+                pulls = ctl.get(0.5)
+                if pulls:
+                    yield pb.ControlDown(
+                        pulls=[
+                            pb.PullRequest(fragment=x.fragment, tick=x.tick, at=x.at) for x in pulls
+                        ]
+                    )
+        finally:
+            ctl.close()
+            with self.lock:
+                if self.controls.get(h.learner) is ctl:
+                    del self.controls[h.learner]
+
+    def _read_progress(self, ctl: _Control, requests: Iterator[pb.ControlUp]) -> None:
+        """The learner's step reports -> `on_progress` (its own thread: the handler's thread
+        writes the pulls)."""
+        try:
+            for msg in requests:
+                if msg.WhichOneof("body") != "progress":
+                    continue
+                now = time.time()
+                with self.lock:
+                    sess = self.sessions.get(ctl.learner)
+                    if sess is None or sess.incarnation != ctl.incarnation:
+                        continue  # not joined (yet): its steps do not pace the syncer
+                    sess.last_seen = now
+                    for r in msg.progress.steps:
+                        if not (math.isfinite(r.step_time) and r.step_time >= 0):
+                            continue
+                        at = r.at if math.isfinite(r.at) else now
+                        prog = Progress(ctl.learner, r.step, r.step_time, at)
+                        self._process(now, self.proto.on_progress(now, prog))
+        except grpc.RpcError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - a broken stream ends this learner's reports
+            self.events.emit("control_error", "syncer", learner=ctl.learner, error=str(exc))
+        finally:
+            ctl.close()
+
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
         with self.lock:
             return pb.StatusReply(
@@ -540,7 +645,8 @@ class SyncerService(pbg.SyncerServicer):
         from concurrent.futures import ThreadPoolExecutor
 
         self.server = grpc.server(
-            ThreadPoolExecutor(max_workers=64),
+            # each learner holds two long-lived streams (Join, Control): room for 120 learners
+            ThreadPoolExecutor(max_workers=256),
             interceptors=[self.auth],
             options=[
                 ("grpc.so_reuseport", 0),
@@ -589,6 +695,8 @@ class SyncerService(pbg.SyncerServicer):
         with self.lock:
             for s in self.sessions.values():
                 s.close()
+            for c in self.controls.values():
+                c.close()
         if self.server is not None:
             self.server.stop(grace=1.0).wait(3.0)
         self.close_pending()

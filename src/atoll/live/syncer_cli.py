@@ -62,14 +62,8 @@ def main(args: argparse.Namespace) -> int:
         expect_learners=scfg.learners,
     )
     events = EventLog(run_dir / "events.jsonl")
-    import dataclasses
-
+    # `schedule` (pull by default, push as an option) reaches the learners in the Welcome
     s_cfg, l_cfg = syncer_config(scfg), learner_config(scfg)
-    # the live wire carries step-count ("push") schedules; syncer-paced pulls are not wired yet
-    if "schedule" in {f.name for f in dataclasses.fields(s_cfg)}:
-        s_cfg = dataclasses.replace(s_cfg, schedule="push")
-    if "schedule" in {f.name for f in dataclasses.fields(l_cfg)}:
-        l_cfg = dataclasses.replace(l_cfg, schedule="push")
     service = SyncerService(plan, init, s_cfg, l_cfg, opts, events)
     port = service.start()
     addr = f"{lcfg.host}:{port}"

@@ -59,6 +59,11 @@ class SyncerStub:
                 request_serializer=atoll__pb2.StatusRequest.SerializeToString,
                 response_deserializer=atoll__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Control = channel.stream_stream(
+                '/atoll.v1.Syncer/Control',
+                request_serializer=atoll__pb2.ControlUp.SerializeToString,
+                response_deserializer=atoll__pb2.ControlDown.FromString,
+                _registered_method=True)
 
 
 class SyncerServicer:
@@ -94,6 +99,12 @@ class SyncerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Control(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SyncerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_SyncerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=atoll__pb2.StatusRequest.FromString,
                     response_serializer=atoll__pb2.StatusReply.SerializeToString,
+            ),
+            'Control': grpc.stream_stream_rpc_method_handler(
+                    servicer.Control,
+                    request_deserializer=atoll__pb2.ControlUp.FromString,
+                    response_serializer=atoll__pb2.ControlDown.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +274,33 @@ class Syncer:
             '/atoll.v1.Syncer/Status',
             atoll__pb2.StatusRequest.SerializeToString,
             atoll__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Control(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/atoll.v1.Syncer/Control',
+            atoll__pb2.ControlUp.SerializeToString,
+            atoll__pb2.ControlDown.FromString,
             options,
             channel_credentials,
             insecure,
