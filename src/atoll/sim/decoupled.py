@@ -169,6 +169,7 @@ class DecoupledSim:
         self.end_time = 0.0
         self.useful = self.blocked = self.downtime = self.lost = 0.0
         self.failures = 0
+        self.heal_bytes = 0
         self.curve: list[dict[str, float]] = []
         self.next_eval = 0
 
@@ -187,6 +188,8 @@ class DecoupledSim:
                 if lr.state == "down":
                     continue
                 nbytes = _nbytes(o.message)
+                if isinstance(o.message, Heal):
+                    self.heal_bytes += nbytes
                 self._push(lr.down.transfer(now, nbytes), "down", lr.id, lr.incarnation, o.message)
 
     def _start_step(self, now: float, lr: _Learner) -> None:
@@ -390,6 +393,7 @@ class DecoupledSim:
             goodput=min(self.useful / max(cfg.learners * self.end_time, 1e-9), 1.0),
             bytes_up=sum(lr.up.bytes_sent for lr in self.learners),
             bytes_down=sum(lr.down.bytes_sent for lr in self.learners),
+            bytes_heal=self.heal_bytes,
             dp_bytes=int(dp_steps * cfg.learners * ring_allreduce_bytes(model_bytes, cfg.learners)),
             rounds=len(rounds),
             participants_mean=sum(parts) / max(len(parts), 1),

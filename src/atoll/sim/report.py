@@ -12,22 +12,16 @@ def summary_rows(result: dict) -> list[dict[str, object]]:
         rows.append(
             {
                 "run": r["name"],
-                "eval loss": f"{r['eval_loss']:.4f}",
-                "tokens": f"{r['tokens']:,}",
-                "sim time": f"{r['wall_time_s']:.0f} s",
+                "loss": f"{r['eval_loss']:.4f}",
                 "goodput": f"{100 * r['goodput']:.1f}%",
-                "bytes up/down": f"{_mb(r['bytes_up'])}/{_mb(r['bytes_down'])}",
-                "vs DP bytes": f"{r['dp_bytes'] / max(sent, 1):.0f}x fewer"
-                if r["method"] != "data_parallel"
-                else "1x",
-                "participants": f"{r['participants_mean']:.2f}",
+                "sim s": f"{r['wall_time_s']:.0f}",
+                "MB up/down": f"{r['bytes_up'] / 1e6:.1f}/{r['bytes_down'] / 1e6:.1f}",
+                "DP÷up": f"{r['dp_bytes'] / max(r['bytes_up'], 1):.3g}x",
+                "DP÷all": f"{r['dp_bytes'] / max(sent, 1):.3g}x",
+                "merged": f"{r['participants_mean']:.2f}",
             }
         )
     return rows
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f}MB"
 
 
 def print_table(result: dict) -> None:
@@ -35,7 +29,13 @@ def print_table(result: dict) -> None:
     from rich.table import Table
 
     rows = summary_rows(result)
-    table = Table(title=f"atoll sim --preset {result['preset']} (seed {result['seed']})")
+    tokens = result["runs"][0]["tokens"]
+    table = Table(
+        title=f"atoll sim --preset {result['preset']} (seed {result['seed']}, "
+        f"~{tokens / 1e6:.2f}M tokens per run)",
+        caption="DP÷up, DP÷all: bytes a data-parallel ring all-reduce would send for the same "
+        "tokens, over the bytes sent up / both ways. merged: learners per merge.",
+    )
     for col in rows[0]:
         table.add_column(col, justify="left" if col == "run" else "right")
     for row in rows:
