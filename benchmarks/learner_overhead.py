@@ -3,9 +3,11 @@ without atoll, measured side by side in one process (interleaved blocks, alterna
 
 A syncer runs as a separate process on loopback (at nice 19: it stands for a remote host and
 should not take this machine's cores from the loop being measured); the atoll loop's learner
-sends one fragment per step and receives the merged updates in its background threads.
+sends one fragment per step (pull schedule, the default: when the syncer pulls it; push: on its
+own step count) and receives the merged updates in its background threads.
 
     .venv/bin/python benchmarks/learner_overhead.py [--steps-per-block 25 --blocks 16]
+        [--schedule pull|push] [--out benchmarks/results/learner_overhead.json]
 
 Writes benchmarks/results/learner_overhead.json.
 """
@@ -33,6 +35,7 @@ def main() -> int:
     ap.add_argument("--steps-per-block", type=int, default=25)
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--schedule", choices=("pull", "push"), default="pull")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learner_overhead.json"))
     args = ap.parse_args()
 
@@ -48,7 +51,7 @@ def main() -> int:
     env = {**os.environ, "ATOLL_SECRET": secret}
     syncer = subprocess.Popen(
         [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir), "--run-id",
-         "bench", "--no-budget", "--set", "learners=1"],
+         "bench", "--no-budget", "--set", "learners=1", "--set", f"schedule={args.schedule}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         preexec_fn=lambda: os.nice(19),  # the syncer stands for a remote host: lowest priority
     )  # fmt: skip
@@ -107,7 +110,9 @@ def main() -> int:
     result = {
         "what": "median step time of the built-in model, plain loop vs loop + learner.step",
         "command": "benchmarks/learner_overhead.py "
-        f"--steps-per-block {args.steps_per_block} --blocks {args.blocks}",
+        f"--steps-per-block {args.steps_per_block} --blocks {args.blocks} "
+        f"--schedule {args.schedule}",
+        "schedule": args.schedule,
         "steps_each": len(plain),
         "median_step_plain_ms": 1e3 * med_p,
         "median_step_atoll_ms": 1e3 * med_a,
@@ -116,6 +121,10 @@ def main() -> int:
         "mean_step_atoll_ms": 1e3 * statistics.fmean(with_atoll),
         "median_learner_step_call_ms": 1e3 * statistics.median(call_times),
         "rounds_merged_by_syncer": rounds,
+        "pulls_received": learner.pulls,
+        "median_pull_latency_ms": 1e3 * statistics.median(learner.pull_latency_s)
+        if learner.pull_latency_s
+        else None,
         "bytes_up": learner.bytes_up,
         "bytes_down": learner.bytes_down,
         "model": {"n_layer": cfg.n_layer, "d_model": cfg.d_model, "batch": cfg.batch,
@@ -126,7 +135,7 @@ def main() -> int:
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in list(result)[2:9]}, indent=1))
+    print(json.dumps({k: result[k] for k in list(result)[2:13]}, indent=1))
     return 0
 
 

@@ -248,8 +248,10 @@ def test_sender_killed_mid_transfer_leaves_no_partial_contribution(syncer):
     assert s.rounds == 0 and set(s.versions) == {0}
 
 
-@pytest.mark.parametrize("syncer", ["pull", "push"], indirect=True)
-def test_learner_library_heals_trains_and_matches_global_state(syncer):
+@pytest.mark.parametrize(
+    ("syncer", "comm"), [("pull", "thread"), ("push", "process")], indirect=["syncer"]
+)
+def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
     from atoll.live.learner import Learner
     from atoll.sim.config import SimConfig
     from atoll.sim.world import new_model
@@ -260,7 +262,10 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer):
     model = new_model(SimConfig(n_layer=1, d_model=16, n_head=2, context=16, seed=5))
     expected = {n: p.detach().clone() for n, p in new_model(cfg).named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    learner = Learner(model, opt, addr, learner_id="LIB", run_id=RUN, secret=SECRET)
+    learner = Learner(model, opt, addr, learner_id="LIB", run_id=RUN, secret=SECRET, comm=comm)
+    if comm == "process":  # the communication runs in a child; this process has no new thread
+        assert learner.port.proc.poll() is None
+        assert all(not t.name.startswith("atoll-") for t in threading.enumerate())
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), expected[n]), n  # healed from the syncer's values
     schedule = learner.proto.cfg.schedule

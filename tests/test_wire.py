@@ -170,23 +170,37 @@ def test_torn_tape_record_is_ignored(tmp_path):
     assert not math.isnan(float(back.theta[0].sum()))
 
 
-def test_deferred_encoder_matches_error_feedback_and_drops_obsolete_vectors():
+def test_deferred_encoding_matches_error_feedback_and_drops_obsolete_vectors():
+    """The training side keeps plain copies (DeferredEncoder); the communication side encodes
+    them later with the error feedback: the frames equal the core's, in order, and a heal
+    (reset) makes older vectors obsolete."""
+    from atoll.core.messages import Contribution
+    from atoll.live.comm import Comm, CommOptions, Submit
     from atoll.live.learner import DeferredEncoder
 
     torch.manual_seed(0)
     xs = [torch.randn(300) for _ in range(4)]
     ref = codec.ErrorFeedback("int4", 64, True)
-    enc = DeferredEncoder("int4", 64, True)
+    enc = DeferredEncoder()
+    comm = Comm(CommOptions("127.0.0.1:1", "T0", "inc", "run", "secret-123"), [].append)
+    comm.ef = codec.ErrorFeedback("int4", 64, True)
+    c = Contribution("T0", 1, 1, 0, b"", 1, 1, 0.0, 0.0)
+
+    def submit(token: bytes) -> Submit:
+        vec = enc.take(token)
+        return Submit(c, 0.0, vec.numpy().tobytes(), enc.generation)
+
     tokens = [enc.encode(1, x) for x in xs]  # what the protocol does at step boundaries
     assert all(t.startswith(b"atoll-deferred:") for t in tokens) and len(set(tokens)) == 4
     for x, t in zip(xs, tokens, strict=True):  # what the up thread does later, in order
-        vec, gen = enc.take(t)
-        assert torch.equal(vec, x)
-        assert enc.finish(1, vec, gen) == ref.encode(1, x)  # same frames, same residuals
+        out = comm._encode(submit(t))
+        assert out.vector is None and out.c.payload == ref.encode(1, x)  # same frames
     assert enc.take(tokens[0]) is None  # each vector is handed out once
-    t_old = enc.encode(2, xs[0])
-    enc.reset()  # a heal: vectors taken before it are obsolete, residuals start over
-    vec, gen = enc.take(t_old)
-    assert enc.finish(2, vec, gen) is None
-    vec, gen = enc.take(enc.encode(1, xs[1]))
-    assert enc.finish(1, vec, gen) == codec.ErrorFeedback("int4", 64, True).encode(1, xs[1])
+    stale = submit(enc.encode(2, xs[0]))
+    enc.reset()  # a heal: a new generation
+    comm.command(("reset", enc.generation))
+    assert comm._encode(stale) is None  # dropped, not sent
+    out = comm._encode(submit(enc.encode(1, xs[1])))  # residuals start over
+    assert out.c.payload == codec.ErrorFeedback("int4", 64, True).encode(1, xs[1])
+    comm.bulk.close()
+    comm.control.close()

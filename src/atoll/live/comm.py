@@ -1,0 +1,591 @@
+"""The learner's communication with the syncer: gRPC streams, encoding, heartbeats, reconnects.
+
+`Comm` owns every background thread of a learner:
+  - down: the Join stream on the bulk channel (welcome, heal, broadcast updates), reassembled
+    and crc-checked;
+  - up: contributions (newest per fragment), quantized + compressed *here* with the learner's
+    error feedback (the training thread hands over a plain float32 copy), then one unary
+    PushOne (one chunk) or a Push stream (optional token-bucket shaping);
+  - beat: heartbeats on the control channel (a TCP connection of its own);
+  - ctl: with the pull schedule, the Control stream on the control channel: step reports up
+    (batched every `progress_interval_s`), the syncer's pulls down.
+Reconnects use backoff 0.2 s doubling to 2 s with jitter.
+
+It talks to the training side through `sink(item)` (everything the training thread must see:
+welcome, heal, update, pull, refused, status, fatal) and `command(msg)` (what the training
+thread hands over after each step). By default it runs in threads of the learner's process;
+`Learner(comm="process")` runs it in a child process (`comm_main`, at nice +10 so that its
+wake-ups do not preempt the training thread).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import random
+import signal
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import torch
+
+from atoll.core import codec
+from atoll.core.messages import Contribution, FragmentUpdate, Heal, Progress, Pull
+from atoll.live.eventlog import EventLog
+from atoll.wire import PROTOCOL
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import atoll_pb2_grpc as pbg
+from atoll.wire.auth import call_metadata, open_channel
+from atoll.wire.chunks import Assembler, TransferError, crc32, split
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    address: str
+    learner_id: str
+    incarnation: str
+    run_id: str
+    secret: str
+    tls_ca: str | None = None
+    shape_mbps: float = 0.0
+    heartbeat_s: float = 0.5
+    progress_interval_s: float = 0.05
+    events_path: str | None = None
+    nice: int = 10  # child process only: added niceness (measured: fewer preemptions)
+
+
+@dataclass
+class Submit:
+    """A contribution handed over by the training thread. `vector` is the raw float32 bytes
+    of base - theta (taken at the step boundary) still to be encoded; None: `c.payload` is
+    final. Vectors of a `generation` older than the newest heal are dropped."""
+
+    c: Contribution
+    work_s: float
+    vector: bytes | None
+    generation: int
+
+
+@dataclass
+class StepState:
+    """Training -> comm after a step: counters for heartbeats, versions for a resuming Hello,
+    step reports for the syncer's pull clock and the contributions now due."""
+
+    steps: int
+    tokens: int
+    work_s: float
+    step_time: float
+    base_versions: list[int]
+    latest_versions: list[int]
+    progress: list[Progress] = field(default_factory=list)
+    submits: list[Submit] = field(default_factory=list)
+
+
+class TokenBucket:
+    """Limits a sender to `rate_bps` bits per second with a burst of `burst` bytes."""
+
+    def __init__(self, rate_bps: float, burst: int = 64 * 1024) -> None:
+        self.rate = rate_bps / 8.0  # bytes per second
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.t = time.monotonic()
+
+    def take(self, nbytes: int) -> float:
+        """Wait until `nbytes` may go; returns the seconds waited."""
+        if self.rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        self.tokens -= nbytes
+        if self.tokens >= 0:
+            return 0.0
+        wait = -self.tokens / self.rate
+        time.sleep(wait)
+        return wait
+
+
+class Comm:
+    def __init__(self, opts: CommOptions, sink: Callable[[tuple], None]) -> None:
+        self.o = opts
+        self.id = opts.learner_id
+        self.sink = sink
+        self.metadata = call_metadata(opts.run_id, opts.secret)
+        self.events = EventLog(opts.events_path)
+        self.bucket = TokenBucket(opts.shape_mbps * 1e6) if opts.shape_mbps > 0 else None
+        self.chunk_bytes = 256 * 1024
+        self.max_bytes = 1 << 30
+        self.ef: codec.ErrorFeedback | None = None
+        self.generation = 0  # newest heal the training side reported
+        self._ef_generation = 0
+        self.schedule = ""
+        self._out: OrderedDict[int, Submit] = OrderedDict()
+        self._out_cv = threading.Condition()
+        self._in_flight = 0
+        self._received = 0  # submits handed over (the training side compares its count)
+        self._progress: deque[Progress] = deque(maxlen=4096)
+        self._progress_ev = threading.Event()
+        self._connected = threading.Event()
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._force_heal = False
+        self._epoch = ""
+        self._state: StepState | None = None
+        self._join_call: Any = None
+        self._ctl_call: Any = None
+        self.bytes_up = 0
+        self.reconnects = 0
+        self._welcomed = False
+        self.bulk = open_channel(opts.address, "bulk", opts.tls_ca)
+        self.control = open_channel(opts.address, "control", opts.tls_ca)
+        self.bulk_stub = pbg.SyncerStub(self.bulk)
+        self.control_stub = pbg.SyncerStub(self.control)
+        self._threads = [
+            threading.Thread(target=fn, name=f"atoll-{name}", daemon=True)
+            for name, fn in (
+                ("down", self._down_loop),
+                ("up", self._up_loop),
+                ("beat", self._beat_loop),
+                ("ctl", self._control_loop),
+            )
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    # -- commands from the training side ------------------------------------------------------
+    def command(self, msg: tuple) -> bool:
+        """Apply one command; False when it asks the comm to close."""
+        kind = msg[0]
+        if kind == "step":
+            self._on_step(msg[1])
+        elif kind == "reset":  # the learner healed: older vectors are obsolete
+            with self._out_cv:
+                self.generation = max(self.generation, msg[1])
+                for p in [p for p, s in self._out.items() if s.generation < self.generation]:
+                    del self._out[p]
+        elif kind == "heal":
+            self.request_heal()
+        elif kind == "beat_once":
+            self.beat_once()
+            self.sink(("beat_done",))
+        elif kind == "close":
+            return False
+        return True
+
+    def _on_step(self, st: StepState) -> None:
+        self._state = st
+        if st.progress:
+            self._progress.extend(st.progress)
+            self._progress_ev.set()
+        if st.submits:
+            with self._out_cv:
+                for s in st.submits:
+                    self._received += 1
+                    old = self._out.pop(s.c.fragment, None)  # the newest send supersedes it
+                    if old is not None:
+                        s.work_s += old.work_s
+                    self._out[s.c.fragment] = s
+                self._out_cv.notify()
+
+    def request_heal(self) -> None:
+        with self._lock:
+            self._force_heal = True
+            call = self._join_call
+        if call is not None:
+            call.cancel()
+
+    def _status(self, **extra: object) -> None:
+        with self._out_cv:
+            queued = len(self._out) + self._in_flight
+            received = self._received
+        self.sink(
+            (
+                "status",
+                {
+                    "connected": self._connected.is_set(),
+                    "bytes_up": self.bytes_up,
+                    "reconnects": self.reconnects,
+                    "queued": queued,
+                    "received": received,
+                    **extra,
+                },
+            )
+        )
+
+    def close(self) -> None:
+        self._closing.set()
+        self._progress_ev.set()
+        with self._out_cv:
+            self._out_cv.notify_all()
+        with self._lock:
+            calls = (self._join_call, self._ctl_call)
+        for call in calls:
+            if call is not None:
+                call.cancel()
+        for t in self._threads:
+            if t is not threading.current_thread() and t.is_alive():
+                t.join(timeout=2.0)
+        self.bulk.close()
+        self.control.close()
+
+    def beat_once(self) -> None:
+        """Report the final counters (tokens, step-seconds) synchronously."""
+        st = self._state
+        if st is None:
+            return
+        try:
+            self.control_stub.Heartbeat(
+                pb.Beat(
+                    learner=self.id,
+                    incarnation=self.o.incarnation,
+                    step=st.steps,
+                    tokens=st.tokens,
+                    work_s=st.work_s,
+                ),
+                metadata=self.metadata,
+                timeout=2.0,
+            )
+        except grpc.RpcError:
+            pass
+
+    # -- down ---------------------------------------------------------------------------------
+    def _hello(self) -> pb.Hello:
+        with self._lock:
+            force = self._force_heal
+            self._force_heal = False
+        st = self._state
+        resume = st is not None and not force
+        return pb.Hello(
+            protocol=PROTOCOL,
+            learner=self.id,
+            incarnation=self.o.incarnation,
+            resume=resume,
+            base_versions=st.base_versions if st else [],
+            latest_versions=st.latest_versions if st else [],
+            epoch=self._epoch if st else "",
+        )
+
+    def _down_loop(self) -> None:
+        backoff = 0.2
+        while not self._closing.is_set():
+            call = self.bulk_stub.Join(self._hello(), metadata=self.metadata)
+            with self._lock:
+                self._join_call = call
+            try:
+                for msg in self._reassemble(call):
+                    backoff = 0.2
+                    self.sink(msg)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
+                    self.sink(("fatal", f"syncer refused us: {exc.details()}"))
+                    self.events.emit("refused_by_syncer", self.id, reason=str(exc.details()))
+                    self._closing.set()
+                    break
+            except TransferError as exc:
+                self.events.emit("transfer_error", self.id, error=str(exc))
+            finally:
+                self._connected.clear()
+                with self._lock:
+                    self._join_call = None
+            if self._closing.is_set():
+                break
+            self._status()
+            self.events.emit("disconnected", self.id, retry_in_s=round(backoff, 2))
+            self._closing.wait(backoff * random.uniform(0.8, 1.2))
+            backoff = min(backoff * 2, 2.0)
+
+    def _reassemble(self, call: Any) -> Iterator[tuple]:
+        """Down messages -> ("welcome", bytes) / ("update", u) / ("heal", Heal) items."""
+        header = None
+        asm: Assembler | None = None
+        heal_parts: list[FragmentUpdate] = []
+        expect_heal = 0
+
+        def finish_update() -> FragmentUpdate:
+            assert header is not None and asm is not None
+            return FragmentUpdate(
+                header.fragment,
+                header.version,
+                header.kind,
+                header.base_version,
+                asm.payload(),
+                tuple((i.learner, i.seq) for i in header.included),
+                header.closed_at,
+            )
+
+        for msg in call:
+            which = msg.WhichOneof("body")
+            if which == "welcome":
+                w = msg.welcome
+                self._epoch = w.epoch
+                self.chunk_bytes = w.chunk_bytes or self.chunk_bytes
+                self.max_bytes = w.max_fragment_bytes or self.max_bytes
+                self.schedule = w.settings.schedule or "push"
+                if self.ef is None:
+                    s = w.settings
+                    self.ef = codec.ErrorFeedback(s.codec, s.group, s.error_feedback)
+                expect_heal = len(w.fragments) if w.heal else 0
+                heal_parts = []
+                self._connected.set()
+                if self._welcomed:
+                    self.reconnects += 1
+                    self.events.emit("reconnected", self.id, heal=w.heal, epoch=w.epoch)
+                self._welcomed = True
+                self._status()
+                yield ("welcome", w.SerializeToString())
+            elif which == "update":
+                header = msg.update
+                asm = Assembler(header.total_bytes, header.crc32, self.max_bytes)
+                if asm.complete:
+                    yield from _completed(finish_update(), header.heal, heal_parts, expect_heal)
+            elif which == "chunk":
+                if asm is None:
+                    raise TransferError("chunk without a header")
+                asm.add(msg.chunk)
+                if asm.complete:
+                    u = finish_update()
+                    asm = None
+                    yield from _completed(u, header.heal, heal_parts, expect_heal)
+            elif which == "notice":
+                if msg.notice.kind == "stop":
+                    self._status(stop=True)
+
+    # -- up -----------------------------------------------------------------------------------
+    def _encode(self, s: Submit) -> Submit | None:
+        """Quantize + compress a handed-over vector (None if a heal made it obsolete)."""
+        if s.vector is None:
+            return s
+        if s.generation < self.generation or self.ef is None:
+            return None
+        if s.generation > self._ef_generation:
+            self.ef.reset()
+            self._ef_generation = s.generation
+        vec = torch.frombuffer(bytearray(s.vector), dtype=torch.float32)
+        payload = self.ef.encode(s.c.fragment, vec)
+        return Submit(dataclasses.replace(s.c, payload=payload), s.work_s, None, s.generation)
+
+    def _up_loop(self) -> None:
+        while not self._closing.is_set():
+            with self._out_cv:
+                while not self._out and not self._closing.is_set():
+                    self._out_cv.wait()
+                if self._closing.is_set():
+                    return
+                _, item = self._out.popitem(last=False)
+                self._in_flight = 1
+            try:
+                self._push(item)
+            finally:
+                with self._out_cv:
+                    self._in_flight = 0
+                self._status()
+
+    def _push(self, raw: Submit) -> None:
+        if not self._connected.wait(0.5):
+            self._requeue(raw)
+            return
+        item = self._encode(raw)
+        if item is None:
+            return
+        c = item.c
+        timeout = 30.0 + len(c.payload) / 1e5
+        try:
+            if len(c.payload) <= self.chunk_bytes and self.bucket is None:
+                header = next(self._up_frames(c, item.work_s)).header
+                reply = self.bulk_stub.PushOne(
+                    pb.Single(header=header, payload=c.payload),
+                    metadata=self.metadata,
+                    timeout=timeout,
+                )
+            else:
+                reply = self.bulk_stub.Push(
+                    self._up_frames(c, item.work_s), metadata=self.metadata, timeout=timeout
+                )
+        except grpc.RpcError as exc:
+            self.events.emit("push_failed", self.id, fragment=c.fragment, error=str(exc.code()))
+            self._requeue(item)
+            self._closing.wait(0.2)
+            return
+        if reply.accepted:
+            self.bytes_up += len(c.payload)
+        elif reply.action == "rejoin":
+            self._requeue(item)
+            self._closing.wait(0.2)
+        else:
+            self.sink(("refused", c.fragment, reply.reason, reply.action))
+
+    def _requeue(self, item: Submit) -> None:
+        with self._out_cv:
+            if item.c.fragment not in self._out:  # a newer send of it supersedes this one
+                self._out[item.c.fragment] = item
+                self._out.move_to_end(item.c.fragment, last=False)
+                self._out_cv.notify()
+
+    def _up_frames(self, c: Contribution, work_s: float) -> Iterator[pb.Up]:
+        yield pb.Up(
+            header=pb.ContributionHeader(
+                protocol=PROTOCOL,
+                learner=c.learner,
+                incarnation=self.o.incarnation,
+                fragment=c.fragment,
+                seq=c.seq,
+                base_version=c.base_version,
+                steps=c.steps,
+                tokens=c.tokens,
+                sent_at=c.sent_at,
+                step_time=c.step_time,
+                total_bytes=len(c.payload),
+                crc32=crc32(c.payload),
+                work_s=work_s,
+            )
+        )
+        for chunk in split(c.payload, self.chunk_bytes):
+            if self.bucket is not None:
+                self.bucket.take(len(chunk))
+            yield pb.Up(chunk=chunk)
+
+    # -- control stream (pull schedule) -------------------------------------------------------
+    def _control_loop(self) -> None:
+        """Keeps the Control stream open while the schedule is "pull": step reports up, pulls
+        down to the training side (handled there at the next step boundary)."""
+        backoff = 0.2
+        while not self._closing.is_set():
+            if self.schedule != "pull" or not self._connected.is_set():
+                self._closing.wait(0.2)
+                continue
+            ended = threading.Event()
+            call = self.control_stub.Control(self._control_up(ended), metadata=self.metadata)
+            with self._lock:
+                self._ctl_call = call
+            try:
+                for msg in call:
+                    backoff = 0.2
+                    now = time.time()
+                    for x in msg.pulls:
+                        self.sink(("pull", Pull(x.fragment, x.tick, x.at), now))
+            except grpc.RpcError:
+                pass
+            finally:
+                ended.set()
+                self._progress_ev.set()  # wake the request generator so that it ends
+                with self._lock:
+                    self._ctl_call = None
+            if self._closing.wait(backoff * random.uniform(0.8, 1.2)):
+                break
+            backoff = min(backoff * 2, 2.0)
+
+    def _control_up(self, ended: threading.Event) -> Iterator[pb.ControlUp]:
+        """Request side of the Control stream: a hello, then batches of step reports (it sleeps
+        on an event between steps; at most one batch per `progress_interval_s`)."""
+        yield pb.ControlUp(
+            hello=pb.ControlHello(
+                protocol=PROTOCOL, learner=self.id, incarnation=self.o.incarnation
+            )
+        )
+        while not ended.is_set() and not self._closing.is_set():
+            if not self._progress_ev.wait(1.0):
+                continue
+            self._progress_ev.clear()
+            batch = []
+            while self._progress:
+                r = self._progress.popleft()
+                batch.append(pb.StepReport(step=r.step, step_time=r.step_time, at=r.at))
+            if batch and not ended.is_set():
+                yield pb.ControlUp(progress=pb.ProgressBatch(steps=batch))
+            if self.o.progress_interval_s > 0:
+                ended.wait(self.o.progress_interval_s)
+
+    # -- heartbeats ---------------------------------------------------------------------------
+    def _beat_loop(self) -> None:
+        while not self._closing.wait(self.o.heartbeat_s):
+            st = self._state
+            if st is None:
+                continue
+            try:
+                reply = self.control_stub.Heartbeat(
+                    pb.Beat(
+                        learner=self.id,
+                        incarnation=self.o.incarnation,
+                        step=st.steps,
+                        tokens=st.tokens,
+                        step_time=st.step_time,
+                        work_s=st.work_s,
+                    ),
+                    metadata=self.metadata,
+                    timeout=max(2.0, 4 * self.o.heartbeat_s),
+                )
+            except grpc.RpcError:
+                continue
+            if reply.stop:
+                self._status(stop=True)
+            elif reply.budget:
+                self._status(share=(st.tokens, reply.remaining / max(reply.live, 1)))
+            if self._connected.is_set() and (not reply.known or reply.epoch != self._epoch):
+                with self._lock:
+                    call = self._join_call
+                if call is not None:
+                    call.cancel()
+
+
+def _completed(
+    u: FragmentUpdate, heal: bool, parts: list[FragmentUpdate], expect: int
+) -> Iterator[tuple]:
+    if heal:
+        parts.append(u)
+        if len(parts) == expect:
+            yield ("heal", Heal(tuple(parts)))
+            parts.clear()
+    else:
+        yield ("update", u)
+
+
+def comm_main(conn: Any, opts: CommOptions) -> None:
+    """Child-process entry: run a `Comm`, commands from `conn`, items back over it (started
+    by the learner as `python -m atoll.live.comm FD`; the first message is the options)."""
+    try:  # die with the learner process, even when it is SIGKILLed
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the learner; it closes us
+    if opts.nice:
+        os.nice(opts.nice)
+    torch.set_num_threads(1)
+    lock = threading.Lock()
+
+    def sink(item: tuple) -> None:
+        with lock:
+            try:
+                conn.send(item)
+            except (BrokenPipeError, OSError):
+                pass
+
+    comm = Comm(opts, sink)
+    comm.start()
+    try:
+        while comm.command(conn.recv()):
+            pass
+    except (EOFError, OSError):
+        pass  # the learner process is gone
+    finally:
+        comm.close()
+
+
+if __name__ == "__main__":
+    import sys
+    from multiprocessing.connection import Connection
+
+    _conn = Connection(int(sys.argv[1]))
+    try:
+        _first = _conn.recv()
+    except (EOFError, OSError):
+        sys.exit(0)
+    comm_main(_conn, _first[1])
