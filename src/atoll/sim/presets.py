@@ -79,7 +79,7 @@ PRESETS: dict[str, Preset] = {
             "failures",
             "learners fail (Poisson, MTBF 400 simulated s each) and rejoin after ~20 s; "
             "Decoupled vs data-parallel, each with and without failures",
-            {"steps": 300, "downtime_s": 20.0},
+            {"steps": 600, "downtime_s": 20.0},
             (
                 RunSpec("decoupled_no_failures", {**_DECOUPLED, "mtbf_s": 0.0}),
                 RunSpec("decoupled_failures", {**_DECOUPLED, "mtbf_s": 400.0}),
