@@ -279,10 +279,11 @@ class SyncerProtocol:
                 "bytes_out": len(update.payload) * len(self.live),
             },
         )
-        # time to deliver the result, estimated from the upload times scaled by the size ratio
+        # time to deliver the result: the links are taken as symmetric, so the answer is
+        # expected to travel as fast as the contributions did (scaling by the size ratio would
+        # also scale the latency, which dominates small fragments, and starve the window)
         uploads = [max(pend[i].arrived - pend[i].c.sent_at, 0.0) for i in ids]
-        ratio = len(update.payload) / max(sum(pend[i].nbytes for i in ids) / len(ids), 1)
-        self.grace.sync.update(sum(uploads) / len(uploads) * ratio)
+        self.grace.sync.update(max(uploads))
         self.pending[p] = {}
         self.quorum_at[p] = None
         self.round_id[p] += 1
