@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-exec .venv/bin/atoll sim "$@"
+exec .venv/bin/atoll demo "$@"
