@@ -61,6 +61,13 @@ def _curve_point(curve: list, tokens: int, t: float, loss: float) -> None:
     curve.append({"tokens": tokens, "time_s": t, "eval_loss": loss})
 
 
+def _workers(cfg: SimConfig, corpus) -> tuple[list[DataStream], list[StepClock], _Failures]:
+    """Each worker's data stream and step clock, and the shared failure schedule."""
+    streams = [DataStream(cfg, corpus, i) for i in range(cfg.learners)]
+    clocks = [StepClock(cfg, i) for i in range(cfg.learners)]
+    return streams, clocks, _Failures(cfg)
+
+
 def run_data_parallel(
     cfg: SimConfig, name: str = "data_parallel", progress: ProgressFn | None = None
 ) -> RunResult:
@@ -70,9 +77,7 @@ def run_data_parallel(
     evaluate = Evaluator(cfg, corpus)
     model = new_model(cfg)
     opt = new_inner_optimizer(model, cfg)
-    streams = [DataStream(cfg, corpus, i) for i in range(cfg.learners)]
-    clocks = [StepClock(cfg, i) for i in range(cfg.learners)]
-    failures = _Failures(cfg)
+    streams, clocks, failures = _workers(cfg, corpus)
     nbytes = 4 * sum(p.numel() for p in model.parameters())
     bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
     comm = ring_allreduce_time(nbytes, cfg.learners, bw, lat)
@@ -142,9 +147,7 @@ def run_sync_diloco(
     theta = torch.cat([p.detach().reshape(-1) for p in global_model.parameters()])
     models = [new_model(cfg) for _ in range(cfg.learners)]
     opts = [new_inner_optimizer(m, cfg) for m in models]
-    streams = [DataStream(cfg, corpus, i) for i in range(cfg.learners)]
-    clocks = [StepClock(cfg, i) for i in range(cfg.learners)]
-    failures = _Failures(cfg)
+    streams, clocks, failures = _workers(cfg, corpus)
     outer = OuterOptimizer(cfg.outer, cfg.outer_lr, cfg.outer_momentum, cfg.outer_delay)
     ostate = OuterState()
     bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
