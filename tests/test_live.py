@@ -339,3 +339,13 @@ def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
     # the default pull schedule ran: pulls came down the control stream, promptly
     steps = [e["data"] for e in events if e["kind"] == "step" and e["data"].get("pulls")]
     assert steps and all(d["pull_latency_ms"] < 30 for d in steps), steps
+
+
+def test_run_refuses_a_directory_that_already_holds_a_run(tmp_path, capsys):
+    from atoll.cli import main as atoll_main
+
+    (tmp_path / "tape").mkdir()
+    rc = atoll_main(["run", "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "already holds a run" in err and "--resume" in err

@@ -16,6 +16,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the virtual-time driver with the same settings and record both losses",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run already in --out (its syncer restores from snapshot + tape)",
+    )
     p.add_argument("--quiet", action="store_true")
 
 
@@ -28,6 +33,15 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
 
     scfg, lcfg = live_config.build(args.overrides, args.config, defaults)
     out = args.out or Path("runs") / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not args.resume and any((out / name).exists() for name in ("tape", "snapshot.safetensors")):
+        from atoll.errors import ConfigError
+
+        raise ConfigError(
+            "--out",
+            str(out),
+            "a new run directory: this one already holds a run (tape/snapshot); "
+            "pass --resume to continue that run, or choose another --out",
+        )
     summary = Launcher(scfg, lcfg, out, quiet=args.quiet).run()
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim
