@@ -9,6 +9,7 @@ from atoll.core.fragments import make_plan
 from atoll.core.learner import LearnerConfig, LearnerProtocol
 from atoll.core.messages import Contribution, FragmentUpdate, Heal, Send, SetTimer
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
+from atoll.errors import ConfigError
 
 SHAPES = {"a": (4,), "b": (3,)}
 
@@ -220,3 +221,19 @@ def test_pull_schedule_paces_rounds_by_measured_step_time():
         if isinstance(o, Event) and o.kind == "round_closed"
     ]
     assert closed and closed[0].data["participants"] == ["L0", "L1"]
+
+
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"schedule": "sometimes"}, "schedule"),
+        ({"merge": "median"}, "merge"),
+        ({"down_codec": "int3"}, "down_codec"),
+        ({"history": 1}, "history"),
+    ],
+)
+def test_bad_syncer_settings_name_the_setting(kw, key):
+    plan = make_plan(SHAPES, P=2, H=2)
+    with pytest.raises(ConfigError) as err:
+        SyncerProtocol(plan, [torch.zeros(4), torch.zeros(3)], SyncerConfig(**kw))
+    assert err.value.setting == key

@@ -74,6 +74,8 @@ class SyncerConfig:
         codec.check_scheme(self.down_codec, "down_codec")
         if self.history < 2:
             raise ConfigError("history", self.history, "an integer >= 2")
+        if self.schedule not in ("pull", "push"):
+            raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
 
 
 @dataclass
