@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--schedule", choices=("pull", "push"), default="pull")
+    ap.add_argument("--comm", choices=("thread", "process"), default="thread")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learner_overhead.json"))
     args = ap.parse_args()
 
@@ -68,7 +69,7 @@ def main() -> int:
         atoll_opt = new_inner_optimizer(atoll_model, cfg)
         plain_data, atoll_data = DataStream(cfg, corpus, 0), DataStream(cfg, corpus, 0)
         learner = Learner(atoll_model, atoll_opt, addr, learner_id="B0", run_id="bench",
-                          secret=secret)  # fmt: skip
+                          secret=secret, comm=args.comm)  # fmt: skip
         tokens = cfg.batch * cfg.context
 
         def plain_step() -> float:
@@ -111,8 +112,9 @@ def main() -> int:
         "what": "median step time of the built-in model, plain loop vs loop + learner.step",
         "command": "benchmarks/learner_overhead.py "
         f"--steps-per-block {args.steps_per_block} --blocks {args.blocks} "
-        f"--schedule {args.schedule}",
+        f"--schedule {args.schedule} --comm {args.comm}",
         "schedule": args.schedule,
+        "comm": args.comm,
         "steps_each": len(plain),
         "median_step_plain_ms": 1e3 * med_p,
         "median_step_atoll_ms": 1e3 * med_a,

@@ -122,6 +122,30 @@ def test_learner_blocks_until_answer_then_applies_after_tau():
     assert l0.counters.steps[c0.fragment] == 0
 
 
+def test_on_update_with_a_decoded_value_matches_decoding_the_payload():
+    """A driver may decode the payload itself (in its communication thread) and pass the
+    tensor: the learner ends in the same state, and a value of the wrong size is refused."""
+    runs = []
+    for pass_value in (False, True):
+        plan, syncer, (l0, _) = setup(quorum=1, tau=1, codec_name="int4")
+        c = l0.on_step(1.0, 10, 1.0)[0].message
+        upd = sends(syncer.on_contribution(1.1, c))[0].message
+        p = upd.fragment
+        value = codec.decode(upd.payload, plan.fragments[p].numel) if pass_value else None
+        if pass_value:
+            with pytest.raises(codec.CodecError):
+                l0.on_update(1.2, upd, torch.zeros(plan.fragments[p].numel + 1))
+        l0.on_update(1.2, upd, value)
+        assert l0.outstanding[p].answered
+        l0.on_step(2.0, 10, 1.0)
+        l0.apply_due(2.1)
+        runs.append(l0)
+    a, b = runs
+    assert a.latest_version == b.latest_version and a.base_version == b.base_version
+    assert all(torch.equal(x, y) for x, y in zip(a.latest, b.latest, strict=True))
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+
+
 def test_carry_keeps_local_progress_since_send():
     plan, syncer, (l0, _) = setup(quorum=1, receipt="carry", n=2, tau=1)
     c = l0.on_step(1.0, 10, 1.0)[0].message

@@ -179,20 +179,29 @@ class LearnerProtocol:
             )
         return out
 
-    def on_update(self, now: float, u: FragmentUpdate) -> list[Event]:
+    def on_update(
+        self, now: float, u: FragmentUpdate, value: torch.Tensor | None = None
+    ) -> list[Event]:
+        """A broadcast update arrived. `value`, when given, is `u.payload` already decoded (a
+        flat float32 tensor, e.g. decoded by a driver's communication thread); it is then used
+        as is (not copied, not changed) instead of decoding the payload here."""
         p = u.fragment
         if u.version <= self.latest_version[p]:
             return []
-        if u.kind == "full":
-            value = codec.decode(u.payload, self.plan.fragments[p].numel)
-        else:
-            if u.base_version != self.latest_version[p]:
-                raise ValueError(
-                    f"delta update for fragment {p} based on version {u.base_version}, "
-                    f"learner has {self.latest_version[p]}: it must heal"
-                )
-            value = self.latest[p] + codec.decode(u.payload, self.plan.fragments[p].numel)
-        self.latest[p] = value
+        if u.kind != "full" and u.base_version != self.latest_version[p]:
+            raise ValueError(
+                f"delta update for fragment {p} based on version {u.base_version}, "
+                f"learner has {self.latest_version[p]}: it must heal"
+            )
+        numel = self.plan.fragments[p].numel
+        if value is None:
+            value = codec.decode(u.payload, numel)
+        elif value.dtype != torch.float32 or value.dim() != 1 or value.numel() != numel:
+            raise codec.CodecError(
+                f"decoded update for fragment {p} is {value.dtype} {tuple(value.shape)}, "
+                f"expected float32 ({numel},)"
+            )
+        self.latest[p] = value if u.kind == "full" else self.latest[p] + value
         self.latest_version[p] = u.version
         rec = self.outstanding.get(p)
         if rec is not None and any(lid == self.id and s >= rec.seq for lid, s in u.included):
@@ -216,9 +225,12 @@ class LearnerProtocol:
         for p, r in list(self.outstanding.items()):
             if not r.answered or self.step < r.step + self.cfg.tau:
                 continue
-            local = self.plan.flatten(self.params, p)
-            new = receive(self.cfg.receipt, local, self.latest[p], r.at_send, self.cfg.alpha)
-            self.plan.assign(self.params, p, new)
+            if self.cfg.receipt == "overwrite":  # the local value is not needed: copy it in
+                self.plan.assign(self.params, p, self.latest[p])
+            else:
+                local = self.plan.flatten(self.params, p)
+                new = receive(self.cfg.receipt, local, self.latest[p], r.at_send, self.cfg.alpha)
+                self.plan.assign(self.params, p, new)
             self.base[p] = self.latest[p].clone()
             self.base_version[p] = self.latest_version[p]
             if self.cfg.receipt == "carry":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import os
 import random
 import signal
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import numpy as np
 import torch
 
 from atoll.core import codec
@@ -62,13 +64,14 @@ class CommOptions:
 
 @dataclass
 class Submit:
-    """A contribution handed over by the training thread. `vector` is the raw float32 bytes
-    of base - theta (taken at the step boundary) still to be encoded; None: `c.payload` is
-    final. Vectors of a `generation` older than the newest heal are dropped."""
+    """A contribution handed over by the training thread. `vector` is base - theta (taken at
+    the step boundary) still to be encoded, as a flat float32 numpy array (no copy) or raw
+    float32 bytes; None: `c.payload` is final. Vectors of a `generation` older than the
+    newest heal are dropped."""
 
     c: Contribution
     work_s: float
-    vector: bytes | None
+    vector: Any
     generation: int
 
 
@@ -125,6 +128,7 @@ class Comm:
         self.generation = 0  # newest heal the training side reported
         self._ef_generation = 0
         self.schedule = ""
+        self._numel: dict[int, int] = {}  # fragment -> values (from the Welcome)
         self._out: OrderedDict[int, Submit] = OrderedDict()
         self._out_cv = threading.Condition()
         self._in_flight = 0
@@ -282,6 +286,8 @@ class Comm:
             try:
                 for msg in self._reassemble(call):
                     backoff = 0.2
+                    if msg[0] == "update":  # decode here: the training thread gets a tensor
+                        msg = ("update", msg[1], self._decode(msg[1]))
                     self.sink(msg)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
@@ -302,6 +308,14 @@ class Comm:
             self.events.emit("disconnected", self.id, retry_in_s=round(backoff, 2))
             self._closing.wait(backoff * random.uniform(0.8, 1.2))
             backoff = min(backoff * 2, 2.0)
+
+    def _decode(self, u: FragmentUpdate) -> torch.Tensor | None:
+        """An update's payload as a flat float32 tensor; None when it does not decode (the
+        training thread then decodes it again and handles the error as before)."""
+        try:
+            return codec.decode(u.payload, self._numel.get(u.fragment))
+        except ValueError:
+            return None
 
     def _reassemble(self, call: Any) -> Iterator[tuple]:
         """Down messages -> ("welcome", bytes) / ("update", u) / ("heal", Heal) items."""
@@ -330,6 +344,9 @@ class Comm:
                 self.chunk_bytes = w.chunk_bytes or self.chunk_bytes
                 self.max_bytes = w.max_fragment_bytes or self.max_bytes
                 self.schedule = w.settings.schedule or "push"
+                self._numel = {
+                    f.index: sum(math.prod(t.shape) for t in f.tensors) for f in w.fragments
+                }
                 if self.ef is None:
                     s = w.settings
                     self.ef = codec.ErrorFeedback(s.codec, s.group, s.error_feedback)
@@ -369,7 +386,10 @@ class Comm:
         if s.generation > self._ef_generation:
             self.ef.reset()
             self._ef_generation = s.generation
-        vec = torch.frombuffer(bytearray(s.vector), dtype=torch.float32)
+        if isinstance(s.vector, np.ndarray):
+            vec = torch.from_numpy(s.vector)
+        else:
+            vec = torch.frombuffer(bytearray(s.vector), dtype=torch.float32)
         payload = self.ef.encode(s.c.fragment, vec)
         return Submit(dataclasses.replace(s.c, payload=payload), s.work_s, None, s.generation)
 
@@ -562,6 +582,8 @@ def comm_main(conn: Any, opts: CommOptions) -> None:
     lock = threading.Lock()
 
     def sink(item: tuple) -> None:
+        if item[0] == "update" and item[2] is not None:  # numpy pickles plainly; torch would not
+            item = (item[0], item[1], item[2].numpy())
         with lock:
             try:
                 conn.send(item)

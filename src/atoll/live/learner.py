@@ -33,8 +33,11 @@ as in DiLoCo).
 from __future__ import annotations
 
 import os
+import pickle
 import queue
+import select
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -137,7 +140,12 @@ class _ProcessPort:
             env=env,
         )
         theirs.close()
+        # reads: our own non-blocking reads of the Connection framing (a 4-byte length, or -1
+        # and an 8-byte one, then a pickle), so that a step boundary costs one recv for all
+        # that is waiting (no poll/select per message); writes: a plain Connection
+        self.sock = socket.socket(fileno=os.dup(ours.fileno()))
         self.conn = Connection(ours.detach())
+        self._buf = bytearray()
         self.dead = False
         self.send(("options", opts))
 
@@ -149,16 +157,58 @@ class _ProcessPort:
         except (BrokenPipeError, OSError):
             self.dead = True
 
+    def _parse(self) -> tuple | None:
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        (n,) = struct.unpack_from("!i", buf)
+        start = 4
+        if n == -1:
+            if len(buf) < 12:
+                return None
+            (n,) = struct.unpack_from("!Q", buf, 4)
+            start = 12
+        if len(buf) < start + n:
+            return None
+        msg = pickle.loads(buf[start : start + n])
+        del buf[: start + n]
+        return msg
+
+    def _read(self) -> bool:
+        """Append what is waiting on the socket; False when the child is gone."""
+        while True:
+            try:
+                data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            self._buf += data
+            if len(data) < 1 << 20:
+                return True
+
     def get(self, timeout: float) -> tuple | None:
         if self.dead:
             return None
-        try:
-            if not self.conn.poll(max(timeout, 0.0)):
-                return None
-            return self.conn.recv()
-        except (EOFError, OSError):
+        msg = self._parse()
+        if msg is not None:
+            return msg
+        alive = self._read()
+        msg = self._parse() if alive else None
+        if msg is None and alive and timeout > 0:
+            until = time.monotonic() + timeout
+            while msg is None and alive:
+                left = until - time.monotonic()
+                if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                    return None
+                alive = self._read()
+                msg = self._parse()
+        if msg is None and not alive:
             self.dead = True
             return ("fatal", "the communication process ended")
+        return msg
 
     def close(self) -> None:
         self.send(("close",))
@@ -168,6 +218,7 @@ class _ProcessPort:
             self.proc.terminate()
             self.proc.wait(2.0)
         self.conn.close()
+        self.sock.close()
 
 
 def plan_from_welcome(w: pb.Welcome) -> FragmentPlan:
@@ -260,7 +311,7 @@ class Learner:
         self._progress: list[Progress] = []
         self._submits: list[Submit] = []
         self._last_step_t = 0.0
-        self._unsent: list[float] = []
+        self._sent_at_work: list[float] = []  # work_s when each fragment was last sent
         self._first_step_logged = False
         opts = CommOptions(
             address=syncer,
@@ -310,7 +361,7 @@ class Learner:
                 )
                 self.proto = LearnerProtocol(self.id, plan, self.params, cfg)
                 self.proto.ef = self.encoder  # type: ignore[assignment]
-                self._unsent = [0.0] * plan.P
+                self._sent_at_work = [0.0] * plan.P
                 self._apply_heal(item[1])
                 return
         self.close()
@@ -359,9 +410,6 @@ class Learner:
         self.steps_done += 1
         self.tokens_done += tokens
         self.work_s += dt
-        share = dt / proto.plan.P
-        for p in range(proto.plan.P):
-            self._unsent[p] += share
         self._collect(proto.on_step(now, tokens, dt))
         proto.apply_due(now)
         self._flush()
@@ -396,12 +444,16 @@ class Learner:
             if not isinstance(s.message, Contribution):
                 continue
             c: Contribution = s.message
-            work = self._unsent[c.fragment]
-            self._unsent[c.fragment] = 0.0
+            work = self._unsent(c.fragment)
+            self._sent_at_work[c.fragment] = self.work_s
             vec = self.encoder.take(c.payload)
-            raw = None if vec is None else vec.numpy().tobytes()
+            raw = None if vec is None else vec.numpy()  # a fresh tensor's memory: no copy
             self._submits.append(Submit(c, work, raw, self.encoder.generation))
             self._submitted += 1
+
+    def _unsent(self, p: int) -> float:
+        """Step-seconds of fragment p not yet sent (each step counts 1/P for each fragment)."""
+        return (self.work_s - self._sent_at_work[p]) / len(self._sent_at_work)
 
     def _flush(self) -> None:
         """Hand this step's state over: one message to the communication side."""
@@ -448,8 +500,11 @@ class Learner:
         kind = item[0]
         if kind == "update":
             self.bytes_down += len(item[1].payload)
+            value = item[2] if len(item) > 2 else None  # decoded by the communication side
+            if value is not None and not isinstance(value, torch.Tensor):
+                value = torch.from_numpy(value)  # from the child process
             try:
-                proto.on_update(time.time(), item[1])
+                proto.on_update(time.time(), item[1], value)
             except ValueError as exc:  # a delta that does not chain: heal
                 self.events.emit("heal_needed", self.id, reason=str(exc))
                 self.port.send(("heal",))
@@ -480,7 +535,7 @@ class Learner:
             now = time.time()
             self._drain()
             proto.pulled.clear()  # the final flush below sends every fragment with new work
-            pending = [p for p in range(proto.plan.P) if self._unsent[p] > 0]
+            pending = [p for p in range(proto.plan.P) if self._unsent(p) > 0]
             self._collect(proto.send_now(now, pending))
             self._flush()
             until = time.time() + timeout
