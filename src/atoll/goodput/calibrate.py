@@ -17,7 +17,13 @@ from scipy.optimize import least_squares
 
 from atoll.goodput.analytic import expected_goodput
 from atoll.goodput.simulate import simulate
-from atoll.goodput.systems import TABLE_SYSTEMS, Cluster, Constants, parse_system
+from atoll.goodput.systems import (
+    TABLE_SYSTEMS,
+    TIMING_CONSTANTS,
+    Cluster,
+    Constants,
+    parse_system,
+)
 
 TABLE_CHIPS = (150_000, 300_000, 600_000, 1_200_000, 2_400_000)
 # Paper (arXiv 2604.21428), goodput vs chips at a chip MTBI of one year.
@@ -30,14 +36,7 @@ PAPER: dict[str, tuple[float, ...]] = {
     "decoupled_m16": (0.99, 0.98, 0.96, 0.93, 0.86),
 }
 FIT_ON = ("dp", "dp_elastic")
-FITTED = (
-    "restart_s",
-    "checkpoint_cost_s",
-    "downscale_s",
-    "upscale_s",
-    "rejoin_wait_s",
-    "speed_sigma",
-)
+FITTED = TIMING_CONSTANTS
 _START = np.array([60.0, 1.0, 20.0, 15.0, 60.0, 0.001])
 _LOWER = np.array([0.0, 1e-3, 0.0, 0.0, 0.0, 0.0])
 _UPPER = np.array([3600.0, 600.0, 3600.0, 3600.0, 3600.0, 0.02])

@@ -9,16 +9,15 @@ from pathlib import Path
 
 from atoll.errors import ConfigError
 from atoll.goodput.failures import RecoveryDelay
-from atoll.goodput.systems import TABLE_SYSTEMS, Cluster, Constants, parse_system
-
-_TIMING = (
-    "restart_s",
-    "checkpoint_cost_s",
-    "downscale_s",
-    "upscale_s",
-    "rejoin_wait_s",
-    "speed_sigma",
+from atoll.goodput.systems import (
+    TABLE_SYSTEMS,
+    TIMING_CONSTANTS,
+    Cluster,
+    Constants,
+    parse_system,
 )
+
+_TIMING = TIMING_CONSTANTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
