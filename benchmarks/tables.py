@@ -1,6 +1,6 @@
 """Print the markdown tables of BENCHMARKS.md from the JSON in benchmarks/results/.
 
-    .venv/bin/python benchmarks/tables.py
+.venv/bin/python benchmarks/tables.py
 """
 
 from __future__ import annotations
