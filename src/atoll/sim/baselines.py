@@ -21,12 +21,14 @@ from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.sim.config import SimConfig
 from atoll.sim.world import (
     DataStream,
+    EvalPoints,
     Evaluator,
     FailureSchedule,
     ProgressFn,
     RunResult,
     StepClock,
     corpus_for,
+    dp_equivalent_bytes,
     inner_lr,
     new_inner_optimizer,
     new_model,
@@ -57,8 +59,8 @@ class _Failures:
         return best
 
 
-def _curve_point(curve: list, tokens: int, t: float, loss: float) -> None:
-    curve.append({"tokens": tokens, "time_s": t, "eval_loss": loss})
+def _curve_points(curve: list, due: int, tokens: int, t: float, loss: float) -> None:
+    curve += [{"tokens": tokens, "time_s": t, "eval_loss": loss} for _ in range(due)]
 
 
 def _workers(cfg: SimConfig, corpus) -> tuple[list[DataStream], list[StepClock], _Failures]:
@@ -84,7 +86,7 @@ def run_data_parallel(
     t = useful = lost = down = 0.0
     tokens, budget, step = 0, cfg.token_budget(), 0
     curve: list = []
-    next_eval = 1
+    eval_points = EvalPoints(budget, cfg.eval_points)
     while tokens < budget:
         times = [c.draw() for c in clocks]
         span = max(times) + comm
@@ -110,9 +112,9 @@ def run_data_parallel(
         useful += sum(times)
         if progress:
             progress(min(tokens, budget), budget)
-        while next_eval <= cfg.eval_points and tokens >= budget * next_eval / cfg.eval_points:
-            _curve_point(curve, tokens, t, evaluate(dict(model.named_parameters())))
-            next_eval += 1
+        due = eval_points.due(tokens)
+        if due:
+            _curve_points(curve, due, tokens, t, evaluate(dict(model.named_parameters())))
     per_worker = ring_allreduce_bytes(nbytes, cfg.learners)
     return RunResult(
         name=name,
@@ -123,7 +125,7 @@ def run_data_parallel(
         goodput=useful / (cfg.learners * t),
         bytes_up=step * cfg.learners * per_worker,
         bytes_down=step * cfg.learners * per_worker,
-        dp_bytes=step * cfg.learners * per_worker,
+        dp_bytes=dp_equivalent_bytes(cfg, tokens, nbytes),
         rounds=step,
         participants_mean=float(cfg.learners),
         participants_hist={str(cfg.learners): step},
@@ -155,7 +157,7 @@ def run_sync_diloco(
     t = useful = lost = down = 0.0
     tokens, budget, rounds, local_steps = 0, cfg.token_budget(), 0, 0
     curve: list = []
-    next_eval = 1
+    eval_points = EvalPoints(budget, cfg.eval_points)
     while tokens < budget:
         remaining = -(-(budget - tokens) // (cfg.learners * cfg.batch * cfg.context))
         h = min(cfg.H, remaining)
@@ -205,12 +207,10 @@ def run_sync_diloco(
         rounds += 1
         if progress:
             progress(min(tokens, budget), budget)
-        while next_eval <= cfg.eval_points and tokens >= budget * next_eval / cfg.eval_points:
+        due = eval_points.due(tokens)
+        if due:
             params = dict(zip(names, _unflatten(theta, global_model), strict=True))
-            _curve_point(curve, tokens, t, evaluate(params))
-            next_eval += 1
-    dp_steps = tokens / (cfg.learners * cfg.batch * cfg.context)
-    model_bytes = 4 * theta.numel()
+            _curve_points(curve, due, tokens, t, evaluate(params))
     return RunResult(
         name=name,
         method="sync_diloco",
@@ -220,7 +220,7 @@ def run_sync_diloco(
         goodput=useful / (cfg.learners * t),
         bytes_up=sent,
         bytes_down=sent,
-        dp_bytes=int(dp_steps * cfg.learners * ring_allreduce_bytes(model_bytes, cfg.learners)),
+        dp_bytes=dp_equivalent_bytes(cfg, tokens, 4 * theta.numel()),
         rounds=rounds,
         participants_mean=float(cfg.learners),
         participants_hist={str(cfg.learners): rounds},

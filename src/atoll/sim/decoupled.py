@@ -41,6 +41,7 @@ from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.sim.config import SimConfig
 from atoll.sim.world import (
     DataStream,
+    EvalPoints,
     Evaluator,
     FailureSchedule,
     Link,
@@ -48,10 +49,10 @@ from atoll.sim.world import (
     RunResult,
     StepClock,
     corpus_for,
+    dp_equivalent_bytes,
     inner_lr,
     new_inner_optimizer,
     new_model,
-    ring_allreduce_bytes,
     train_step,
 )
 
@@ -171,7 +172,7 @@ class DecoupledSim:
         self.failures = 0
         self.heal_bytes = 0
         self.curve: list[dict[str, float]] = []
-        self.next_eval = 0
+        self.eval_points = EvalPoints(self.budget, cfg.eval_points)
 
     # -- plumbing -----------------------------------------------------------------------------
     def _push(self, t: float, kind: str, *args) -> None:
@@ -330,17 +331,12 @@ class DecoupledSim:
         self._syncer_outputs(now, self.syncer.on_join(now, lr.id))
 
     def _maybe_eval(self, now: float) -> None:
-        points = self.cfg.eval_points
-        while self.next_eval <= points and self.tokens >= self.budget * self.next_eval / points:
-            if self.next_eval > 0:
-                self.curve.append(
-                    {
-                        "tokens": self.tokens,
-                        "time_s": now,
-                        "eval_loss": self.evaluate(self.syncer.global_params()),
-                    }
-                )
-            self.next_eval += 1
+        due = self.eval_points.due(self.tokens)
+        if due:
+            loss = self.evaluate(self.syncer.global_params())
+            self.curve += [
+                {"tokens": self.tokens, "time_s": now, "eval_loss": loss} for _ in range(due)
+            ]
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -382,8 +378,6 @@ class DecoupledSim:
         hist: dict[str, int] = {}
         for n in parts:
             hist[str(n)] = hist.get(str(n), 0) + 1
-        model_bytes = self.plan.nbytes_fp32()
-        dp_steps = self.tokens / (cfg.learners * cfg.batch * cfg.context)
         return RunResult(
             name=self.name,
             method="decoupled",
@@ -394,7 +388,7 @@ class DecoupledSim:
             bytes_up=sum(lr.up.bytes_sent for lr in self.learners),
             bytes_down=sum(lr.down.bytes_sent for lr in self.learners),
             bytes_heal=self.heal_bytes,
-            dp_bytes=int(dp_steps * cfg.learners * ring_allreduce_bytes(model_bytes, cfg.learners)),
+            dp_bytes=dp_equivalent_bytes(cfg, self.tokens, self.plan.nbytes_fp32()),
             rounds=len(rounds),
             participants_mean=sum(parts) / max(len(parts), 1),
             participants_hist=hist,
