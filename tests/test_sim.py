@@ -58,9 +58,13 @@ def test_baselines_learn():
 
 def test_wait_for_all_with_mixed_speeds_blocks_fast_learners():
     base = dict(learners=2, speeds="1,1.5", schedule="push")
-    k2 = DecoupledSim(tiny(**base, quorum=2, grace=False)).run()
+    sim = DecoupledSim(tiny(**base, quorum=2, grace=False))
+    k2 = sim.run()
     k1 = DecoupledSim(tiny(**base, quorum=1, grace=False)).run()
     assert k2.blocked_s > 0 and k2.goodput < 0.95
+    # the event stream accounts for every second of waiting the result reports
+    waits = sum(e.data["wait_s"] for e in sim.events if e.kind == "blocked")
+    assert waits == pytest.approx(k2.blocked_s)
     assert k1.blocked_s == 0 and k1.goodput > k2.goodput
     assert k2.participants_mean > k1.participants_mean
 

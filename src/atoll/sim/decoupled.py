@@ -208,10 +208,15 @@ class DecoupledSim:
         else:
             self._start_step(now, lr)
 
-    def _finish(self, now: float, lr: _Learner) -> None:
-        """The token budget is spent: send every fragment's remaining work once, then stop."""
+    def _end_wait(self, now: float, lr: _Learner) -> None:
+        """A waiting learner stops waiting (answer arrived, budget spent, or it failed)."""
         if lr.state == "waiting":
             self.blocked += now - lr.wait_since
+            self.events.append(Event(now, "blocked", lr.id, {"wait_s": now - lr.wait_since}))
+
+    def _finish(self, now: float, lr: _Learner) -> None:
+        """The token budget is spent: send every fragment's remaining work once, then stop."""
+        self._end_wait(now, lr)
         lr.state = "done"
         self.end_time = max(self.end_time, now)
         pending = [p for p in range(self.plan.P) if lr.unsent[p] > 0]
@@ -292,8 +297,7 @@ class DecoupledSim:
         assert isinstance(msg, FragmentUpdate)
         self.events += lr.proto.on_update(now, msg)
         if lr.state == "waiting" and not lr.proto.blocked():
-            self.blocked += now - lr.wait_since
-            self.events.append(Event(now, "blocked", lr.id, {"wait_s": now - lr.wait_since}))
+            self._end_wait(now, lr)
             self._boundary(now, lr)
 
     def _schedule_failure(self, now: float, lr: _Learner) -> None:
@@ -306,8 +310,7 @@ class DecoupledSim:
     def _on_fail(self, now: float, lr: _Learner, downtime: float) -> None:
         if lr.state == "done" or self.stopping:
             return
-        if lr.state == "waiting":
-            self.blocked += now - lr.wait_since
+        self._end_wait(now, lr)
         lost = sum(lr.unsent) + sum(lr.inflight.values())
         self.lost += lost
         self.failures += 1
