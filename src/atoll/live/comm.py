@@ -246,17 +246,7 @@ class Comm:
         if st is None:
             return
         try:
-            self.control_stub.Heartbeat(
-                pb.Beat(
-                    learner=self.id,
-                    incarnation=self.o.incarnation,
-                    step=st.steps,
-                    tokens=st.tokens,
-                    work_s=st.work_s,
-                ),
-                metadata=self.metadata,
-                timeout=2.0,
-            )
+            self.control_stub.Heartbeat(self._beat(st), metadata=self.metadata, timeout=2.0)
         except grpc.RpcError:
             pass
 
@@ -525,6 +515,17 @@ class Comm:
                 ended.wait(self.o.progress_interval_s)
 
     # -- heartbeats ---------------------------------------------------------------------------
+    def _beat(self, st) -> pb.Beat:
+        """A heartbeat carrying the learner's counters from step state `st`."""
+        return pb.Beat(
+            learner=self.id,
+            incarnation=self.o.incarnation,
+            step=st.steps,
+            tokens=st.tokens,
+            step_time=st.step_time,
+            work_s=st.work_s,
+        )
+
     def _beat_loop(self) -> None:
         while not self._closing.wait(self.o.heartbeat_s):
             st = self._state
@@ -532,14 +533,7 @@ class Comm:
                 continue
             try:
                 reply = self.control_stub.Heartbeat(
-                    pb.Beat(
-                        learner=self.id,
-                        incarnation=self.o.incarnation,
-                        step=st.steps,
-                        tokens=st.tokens,
-                        step_time=st.step_time,
-                        work_s=st.work_s,
-                    ),
+                    self._beat(st),
                     metadata=self.metadata,
                     timeout=max(2.0, 4 * self.o.heartbeat_s),
                 )
