@@ -1,15 +1,29 @@
 """Learner overhead: step time of the built-in model with `learner.step` vs the same loop
-without atoll, measured side by side in one process (interleaved blocks, alternating order).
+without atoll, measured side by side in one process.
 
-A syncer runs as a separate process on loopback (at nice 19: it stands for a remote host and
-should not take this machine's cores from the loop being measured); the atoll loop's learner
-sends one fragment per step (pull schedule, the default: when the syncer pulls it; push: on its
-own step count) and receives the merged updates in its background threads.
+Design (this machine is shared and noisy; step times drift by tens of percent over seconds):
+- Both loops train the *same* model, optimizer and data stream; a block "without atoll" is a
+  block whose steps are not reported to the learner. Two separately allocated models can
+  differ in speed by a few percent from memory layout alone.
+- Blocks of `--steps-per-block` steps alternate (plain, atoll), in alternating order. Each
+  block pair gives a ratio of median step times, taken seconds apart; the overhead of a repeat
+  is the median of those ratios minus 1 (the ratio of the medians over all steps is reported
+  too).
+- `--repeats` times over, each with a fresh syncer, model and learner; the headline is the
+  median over repeats.
+- A syncer runs as a separate process on loopback, at nice 19: it stands for a remote host
+  and should not take this machine's cores from the loop being measured. The learner sends
+  one fragment per step (P = H = 24: pull schedule, the default, when the syncer pulls it;
+  push: on its own step count) and receives the merged updates in the background. With the
+  pull schedule the syncer's clock keeps pulling while a plain block runs, so each atoll
+  block starts by answering those pulls: the atoll loop here sends more than it would in a
+  steady run (a conservative measurement).
 
-    .venv/bin/python benchmarks/learner_overhead.py [--steps-per-block 25 --blocks 16]
-        [--schedule pull|push] [--out benchmarks/results/learner_overhead.json]
+    .venv/bin/python benchmarks/learner_overhead.py [--comm thread|process]
+        [--schedule pull|push] [--repeats 3 --blocks 24 --steps-per-block 20]
+        [--out benchmarks/results/learner_overhead.json]
 
-Writes benchmarks/results/learner_overhead.json.
+Writes the JSON and a PNG (step-time ratio per block pair, one line per repeat) next to it.
 """
 
 from __future__ import annotations
@@ -30,22 +44,12 @@ from pathlib import Path
 import torch
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps-per-block", type=int, default=25)
-    ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--schedule", choices=("pull", "push"), default="pull")
-    ap.add_argument("--comm", choices=("thread", "process"), default="thread")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learner_overhead.json"))
-    args = ap.parse_args()
-
-    from atoll.live.client import wait_ready
+def one_repeat(args: argparse.Namespace) -> dict:
+    from atoll.live.client import status, wait_ready
     from atoll.live.learner import Learner
     from atoll.sim.config import SimConfig
     from atoll.sim.world import DataStream, corpus_for, new_inner_optimizer, new_model, train_step
 
-    torch.set_num_threads(1)
     cfg = SimConfig()
     secret = secrets.token_hex(16)
     run_dir = Path(tempfile.mkdtemp(prefix="atoll-overhead-"))
@@ -54,7 +58,7 @@ def main() -> int:
         [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir), "--run-id",
          "bench", "--no-budget", "--set", "learners=1", "--set", f"schedule={args.schedule}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        preexec_fn=lambda: os.nice(19),  # the syncer stands for a remote host: lowest priority
+        preexec_fn=lambda: os.nice(19),
     )  # fmt: skip
     try:
         while not (run_dir / "syncer.addr").exists():
@@ -63,25 +67,22 @@ def main() -> int:
             time.sleep(0.05)
         addr = (run_dir / "syncer.addr").read_text()
         wait_ready(addr, "bench", secret)
-        corpus = corpus_for(cfg)
-        plain_model, atoll_model = new_model(cfg), new_model(cfg)
-        plain_opt = new_inner_optimizer(plain_model, cfg)
-        atoll_opt = new_inner_optimizer(atoll_model, cfg)
-        plain_data, atoll_data = DataStream(cfg, corpus, 0), DataStream(cfg, corpus, 0)
-        learner = Learner(atoll_model, atoll_opt, addr, learner_id="B0", run_id="bench",
+        model = new_model(cfg)
+        opt = new_inner_optimizer(model, cfg)
+        data = DataStream(cfg, corpus_for(cfg), 0)
+        learner = Learner(model, opt, addr, learner_id="B0", run_id="bench",
                           secret=secret, comm=args.comm)  # fmt: skip
         tokens = cfg.batch * cfg.context
+        call_times: list[float] = []
 
         def plain_step() -> float:
             t = time.perf_counter()
-            train_step(plain_model, plain_opt, plain_data.next(), cfg.lr)
+            train_step(model, opt, data.next(), cfg.lr)
             return time.perf_counter() - t
-
-        call_times: list[float] = []
 
         def atoll_step() -> float:
             t = time.perf_counter()
-            train_step(atoll_model, atoll_opt, atoll_data.next(), cfg.lr)
+            train_step(model, opt, data.next(), cfg.lr)
             t1 = time.perf_counter()
             learner.step(tokens=tokens)
             t2 = time.perf_counter()
@@ -91,44 +92,98 @@ def main() -> int:
         for _ in range(args.warmup):
             plain_step()
             atoll_step()
-        plain, with_atoll = [], []
+        plain: list[list[float]] = []
+        with_atoll: list[list[float]] = []
         for b in range(args.blocks):
             order = [(plain, plain_step), (with_atoll, atoll_step)]
-            if b % 2:
-                order.reverse()
-            for sink, fn in order:
-                sink += [fn() for _ in range(args.steps_per_block)]
+            for sink, fn in order if b % 2 == 0 else order[::-1]:
+                sink.append([fn() for _ in range(args.steps_per_block)])
         learner.close()
-        rounds = json.loads("{}")
-        from atoll.live.client import status
-
-        st = status(addr, "bench", secret)
-        rounds = st.rounds
+        rounds = status(addr, "bench", secret).rounds
     finally:
         syncer.send_signal(signal.SIGTERM)
         syncer.wait(30)
-    med_p, med_a = statistics.median(plain), statistics.median(with_atoll)
-    result = {
-        "what": "median step time of the built-in model, plain loop vs loop + learner.step",
-        "command": "benchmarks/learner_overhead.py "
-        f"--steps-per-block {args.steps_per_block} --blocks {args.blocks} "
-        f"--schedule {args.schedule} --comm {args.comm}",
-        "schedule": args.schedule,
-        "comm": args.comm,
-        "steps_each": len(plain),
-        "median_step_plain_ms": 1e3 * med_p,
-        "median_step_atoll_ms": 1e3 * med_a,
-        "overhead_median": med_a / med_p - 1,
-        "mean_step_plain_ms": 1e3 * statistics.fmean(plain),
-        "mean_step_atoll_ms": 1e3 * statistics.fmean(with_atoll),
+    ratios = [
+        statistics.median(a) / statistics.median(p) for p, a in zip(plain, with_atoll, strict=True)
+    ]
+    all_p = [x for blk in plain for x in blk]
+    all_a = [x for blk in with_atoll for x in blk]
+    return {
+        "overhead_paired_median": statistics.median(ratios) - 1,
+        "overhead_of_medians": statistics.median(all_a) / statistics.median(all_p) - 1,
+        "block_ratios": ratios,
+        "median_step_plain_ms": 1e3 * statistics.median(all_p),
+        "median_step_atoll_ms": 1e3 * statistics.median(all_a),
         "median_learner_step_call_ms": 1e3 * statistics.median(call_times),
         "rounds_merged_by_syncer": rounds,
         "pulls_received": learner.pulls,
-        "median_pull_latency_ms": 1e3 * statistics.median(learner.pull_latency_s)
-        if learner.pull_latency_s
-        else None,
         "bytes_up": learner.bytes_up,
         "bytes_down": learner.bytes_down,
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, r in enumerate(result["repeats"]):
+        pct = [100 * (x - 1) for x in r["block_ratios"]]
+        med = 100 * r["overhead_paired_median"]
+        ax.plot(pct, marker="o", ms=3, lw=1, label=f"repeat {i + 1}: median {med:+.1f}%")
+    ax.axhline(100 * result["overhead_median"], color="k", lw=1.5,
+               label=f"median over repeats {100 * result['overhead_median']:+.1f}%")  # fmt: skip
+    ax.axhline(3, color="r", ls="--", lw=1, label="target +3%")
+    ax.set_xlabel("block pair")
+    ax.set_ylabel("atoll / plain step time - 1 (%)")
+    ax.set_title(f"learner overhead, comm={result['comm']}, schedule={result['schedule']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps-per-block", type=int, default=20)
+    ap.add_argument("--blocks", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--schedule", choices=("pull", "push"), default="pull")
+    ap.add_argument("--comm", choices=("thread", "process"), default="thread")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learner_overhead.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from atoll.sim.config import SimConfig
+
+    cfg = SimConfig()
+    repeats = []
+    for i in range(args.repeats):
+        r = one_repeat(args)
+        repeats.append(r)
+        print(f"repeat {i + 1}/{args.repeats}: overhead {100 * r['overhead_paired_median']:+.2f}% "
+              f"(of medians {100 * r['overhead_of_medians']:+.2f}%), learner.step "
+              f"{r['median_learner_step_call_ms']:.3f} ms, plain step "
+              f"{r['median_step_plain_ms']:.2f} ms", flush=True)  # fmt: skip
+    result = {
+        "what": "step time of the built-in model: loop + learner.step vs the same loop without "
+        "atoll; per repeat the median over block pairs of (atoll / plain median step time) - 1",
+        "command": "benchmarks/learner_overhead.py "
+        f"--steps-per-block {args.steps_per_block} --blocks {args.blocks} "
+        f"--repeats {args.repeats} --schedule {args.schedule} --comm {args.comm}",
+        "schedule": args.schedule,
+        "comm": args.comm,
+        "overhead_median": statistics.median(r["overhead_paired_median"] for r in repeats),
+        "overhead_repeats": [r["overhead_paired_median"] for r in repeats],
+        "overhead_of_medians_repeats": [r["overhead_of_medians"] for r in repeats],
+        "median_learner_step_call_ms": statistics.median(
+            r["median_learner_step_call_ms"] for r in repeats
+        ),
+        "median_step_plain_ms": statistics.median(r["median_step_plain_ms"] for r in repeats),
+        "steps_each_per_repeat": args.blocks * args.steps_per_block,
+        "repeats": repeats,
         "model": {"n_layer": cfg.n_layer, "d_model": cfg.d_model, "batch": cfg.batch,
                   "context": cfg.context, "P": cfg.P, "H": cfg.H, "codec": cfg.codec},
         "torch_threads": 1,
@@ -137,7 +192,12 @@ def main() -> int:
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in list(result)[2:13]}, indent=1))
+    plot(result, args.out.with_suffix(".png"))
+    print(
+        f"overhead (median over {args.repeats} repeats): {100 * result['overhead_median']:+.2f}%"
+        f"  repeats: {[round(100 * x, 2) for x in result['overhead_repeats']]}"
+        f"  -> {args.out} and {args.out.with_suffix('.png')}"
+    )
     return 0
 
 

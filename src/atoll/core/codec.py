@@ -18,6 +18,7 @@ time to the next vector, so the sum of what was sent tracks the sum of the true 
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ import zstandard
 from atoll.errors import ConfigError
 
 SCHEMES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
+# byte b of an int4 body holds two values: low nibble - 8, then high nibble - 8
+_INT4_PAIRS = torch.tensor([[(b & 15) - 8, (b >> 4) - 8] for b in range(256)], dtype=torch.float32)
 _QMAX = {"int8": 127, "int4": 7}
 _HEADER = struct.Struct("<4sBBBBQIII")
 MAGIC = b"ATF1"
@@ -46,11 +49,14 @@ def check_scheme(scheme: str, setting: str = "codec") -> str:
 
 
 def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x padded to whole groups, one row per group; bf16 scales, 1 for all-zero groups)."""
     pad = (-x.numel()) % group
-    g = torch.nn.functional.pad(x, (0, pad)).view(-1, group)
+    g = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(-1, group)
     absmax = g.abs().amax(dim=1)
-    scales = (absmax / qmax * _SCALE_UP).to(torch.bfloat16)
-    scales = torch.where(absmax > 0, scales, torch.ones_like(scales))
+    if not math.isfinite(absmax.max().item()):  # max propagates NaN and inf
+        raise CodecError("refusing to encode non-finite values")
+    zero = absmax == 0
+    scales = absmax.div_(qmax).mul_(_SCALE_UP).to(torch.bfloat16).masked_fill_(zero, 1.0)
     return g, scales
 
 
@@ -71,26 +77,48 @@ def error_bound(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
     return per * (1 + 1e-6) + 1e-30
 
 
-def encode(x: torch.Tensor, scheme: str, group: int = 64, compress: bool = True) -> bytes:
-    check_scheme(scheme)
-    x = x.detach().reshape(-1).float().contiguous()
+def _check_finite(x: torch.Tensor) -> None:
     if not torch.isfinite(x).all():
         raise CodecError("refusing to encode non-finite values")
+
+
+def encode(x: torch.Tensor, scheme: str, group: int = 64, compress: bool = True) -> bytes:
+    return _encode(x, scheme, group, compress)[0]
+
+
+def _encode(
+    x: torch.Tensor, scheme: str, group: int = 64, compress: bool = True, want_sent: bool = False
+) -> tuple[bytes, torch.Tensor | None]:
+    """(frame, what the receiver will decode from it when `want_sent`, else None). The
+    decoded value is computed here with the same arithmetic as `decode`, so that error
+    feedback needs no decode of its own (one torch op costs a GIL round trip on the learner's
+    communication thread)."""
+    check_scheme(scheme)
+    x = x.detach().reshape(-1).float().contiguous()
+    sent = None
     if scheme == "fp32":
+        _check_finite(x)
         body = x.numpy().tobytes()
+        sent = x if want_sent else None
     elif scheme == "bf16":
-        body = x.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+        _check_finite(x)
+        b = x.to(torch.bfloat16)
+        body = b.view(torch.int16).numpy().tobytes()
+        sent = b.float() if want_sent else None
     else:
         qmax = _QMAX[scheme]
         g, scales = _group_scales(x, qmax, group)
-        q = torch.round(g / scales.float().unsqueeze(1)).clamp_(-qmax, qmax).to(torch.int8)
-        q = q.reshape(-1)
+        sf = scales.float().unsqueeze(1)
+        q = torch.div(g, sf).round_().clamp_(-qmax, qmax)
+        if want_sent:
+            sent = (q * sf).view(-1)[: x.numel()]
         if scheme == "int4":
-            u = (q + 8).to(torch.uint8)
+            u = q.view(-1).add_(8).to(torch.uint8)
             if u.numel() % 2:
                 u = torch.cat([u, torch.full((1,), 8, dtype=torch.uint8)])
-            u = u.view(-1, 2)
-            q = (u[:, 0] | (u[:, 1] << 4)).contiguous()
+            q = u[0::2] | (u[1::2] << 4)
+        else:
+            q = q.to(torch.int8)
         body = scales.view(torch.int16).numpy().tobytes() + q.numpy().tobytes()
     flags = 0
     if compress:
@@ -107,7 +135,7 @@ def encode(x: torch.Tensor, scheme: str, group: int = 64, compress: bool = True)
         len(body),
         zlib.crc32(body),
     )
-    return header + body
+    return header + body, sent
 
 
 def peek(frame: bytes) -> tuple[str, int]:
@@ -164,12 +192,14 @@ def decode(frame: bytes, expect_numel: int | None = None, max_numel: int = 1 << 
             if len(raw) > 2 * n_groups
             else torch.zeros(0, dtype=torch.uint8)
         )
-        if scheme == "int4":
-            q = torch.stack([(qb & 0xF).to(torch.int8) - 8, (qb >> 4).to(torch.int8) - 8], dim=1)
-            q = q.reshape(-1)[: n_groups * group]
+        sf = scales.float()
+        if n_groups and not math.isfinite(sf.max().item()):  # |q| <= qmax: this suffices
+            raise CodecError("payload holds non-finite values")
+        if scheme == "int4":  # one table lookup unpacks both nibbles of a byte
+            q = _INT4_PAIRS[qb.int()].view(-1)[: n_groups * group]
         else:
-            q = qb.view(torch.int8)
-        out = (q.view(n_groups, group).float() * scales.float().unsqueeze(1)).reshape(-1)[:numel]
+            q = qb.view(torch.int8).float()
+        return (q.view(n_groups, group) * sf.unsqueeze(1)).view(-1)[:numel]
     if not torch.isfinite(out).all():
         raise CodecError("payload holds non-finite values")
     return out
@@ -198,9 +228,11 @@ class ErrorFeedback:
         x = x.reshape(-1).float()
         if self.enabled and key in self.residual:
             x = x + self.residual[key]
-        frame = encode(x, self.scheme, self.group)
-        if self.enabled and self.scheme != "fp32":
-            self.residual[key] = x - decode(frame)
+        track = self.enabled and self.scheme != "fp32"
+        frame, sent = _encode(x, self.scheme, self.group, want_sent=track)
+        if track:
+            assert sent is not None
+            self.residual[key] = x - sent
         return frame
 
     def reset(self, key: object | None = None) -> None:

@@ -19,22 +19,41 @@ def token_weight(tokens: int, steps: int) -> float:
 
 @dataclass
 class FragmentCounters:
+    """Running totals, and for each fragment the totals when its count (re)started: a step
+    costs O(1) whatever the number of fragments."""
+
     P: int
-    steps: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    total_steps: int = 0
+    total_tokens: int = 0
+    _steps0: list[int] = field(default_factory=list)
+    _tokens0: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.steps = [0] * self.P
-        self.tokens = [0] * self.P
+        self._steps0 = [0] * self.P
+        self._tokens0 = [0] * self.P
 
     def add_step(self, tokens: int) -> None:
-        for p in range(self.P):
-            self.steps[p] += 1
-            self.tokens[p] += tokens
+        self.total_steps += 1
+        self.total_tokens += tokens
+
+    def steps_of(self, p: int) -> int:
+        return self.total_steps - self._steps0[p]
+
+    def tokens_of(self, p: int) -> int:
+        return self.total_tokens - self._tokens0[p]
+
+    @property
+    def steps(self) -> list[int]:
+        return [self.steps_of(p) for p in range(self.P)]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [self.tokens_of(p) for p in range(self.P)]
 
     def reset(self, p: int, steps: int = 0, tokens: int = 0) -> None:
-        self.steps[p] = steps
-        self.tokens[p] = tokens
+        """Fragment p's count restarts at (`steps`, `tokens`)."""
+        self._steps0[p] = self.total_steps - steps
+        self._tokens0[p] = self.total_tokens - tokens
 
     def weight(self, p: int) -> float:
-        return token_weight(self.tokens[p], self.steps[p])
+        return token_weight(self.tokens_of(p), self.steps_of(p))

@@ -120,6 +120,61 @@ class FragmentPlan:
         return 4 * sum(f.numel for f in self.fragments)
 
 
+class FlatFragments:
+    """Each fragment's parameters laid out in one contiguous float32 buffer, in plan order, so
+    that taking fragment p (`flatten`) or writing it back (`assign`) is one tensor op instead
+    of one per tensor (the learner does both at step boundaries, in the training thread).
+
+    `pack=True` moves the parameters there (`param.data` becomes a view of the buffer: the
+    Parameter objects, their gradients and the optimizer's state keyed by them are kept). A
+    fragment whose tensors are not all float32 on one device is left as it is. Every call
+    checks that the parameters still live in the buffer (e.g. after `model.to(...)`) and
+    otherwise falls back to the per-tensor path of `FragmentPlan`."""
+
+    def __init__(self, plan: FragmentPlan, params: Mapping[str, torch.Tensor]) -> None:
+        self.plan = plan
+        self.params = params
+        self.flat: list[torch.Tensor | None] = []
+        self._ptrs: list[list[int]] = []
+        with torch.no_grad():
+            for f in plan.fragments:
+                ts = [params[n] for n in f.names]
+                if any(t.dtype != torch.float32 or t.device != ts[0].device for t in ts):
+                    self.flat.append(None)
+                    self._ptrs.append([])
+                    continue
+                buf = torch.empty(f.numel, dtype=torch.float32, device=ts[0].device)
+                off = 0
+                for t, k in zip(ts, f.numels, strict=True):
+                    view = buf[off : off + k].view(t.shape)
+                    view.copy_(t.detach())
+                    t.data = view
+                    off += k
+                self.flat.append(buf)
+                self._ptrs.append([t.data_ptr() for t in ts])
+
+    def _buffer(self, p: int) -> torch.Tensor | None:
+        buf = self.flat[p]
+        if buf is None:
+            return None
+        names = self.plan.fragments[p].names
+        if [self.params[n].data_ptr() for n in names] != self._ptrs[p]:
+            self.flat[p] = None  # the parameters moved: per-tensor path from now on
+            return None
+        return buf
+
+    def flatten(self, p: int) -> torch.Tensor:
+        buf = self._buffer(p)
+        return buf.clone() if buf is not None else self.plan.flatten(self.params, p)
+
+    def assign(self, p: int, flat: torch.Tensor) -> None:
+        buf = self._buffer(p)
+        if buf is None:
+            self.plan.assign(self.params, p, flat)
+        else:
+            buf.copy_(flat)
+
+
 def make_plan(
     shapes: Mapping[str, Sequence[int]],
     P: int,

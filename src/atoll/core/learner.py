@@ -33,7 +33,7 @@ import torch
 from atoll.core import codec
 from atoll.core.counters import FragmentCounters
 from atoll.core.events import Event
-from atoll.core.fragments import FragmentPlan
+from atoll.core.fragments import FlatFragments, FragmentPlan
 from atoll.core.grace import EMA
 from atoll.core.messages import Contribution, FragmentUpdate, Heal, Progress, Pull, Send
 from atoll.core.receipt import check_mode, receive
@@ -79,10 +79,14 @@ class LearnerProtocol:
         plan: FragmentPlan,
         params: Mapping[str, torch.Tensor],
         config: LearnerConfig | None = None,
+        flat: FlatFragments | None = None,
     ) -> None:
+        """`flat`: the parameters laid out per fragment (`FlatFragments`), so that taking and
+        writing a fragment is one op; None: per-tensor copies through the plan."""
         self.id = learner_id
         self.plan = plan
         self.params = params
+        self.flat = flat
         self.cfg = config or LearnerConfig()
         self.cfg.validate(plan.H)
         self.step = 0
@@ -97,6 +101,17 @@ class LearnerProtocol:
         self.latest_version: list[int] = []
         self.outstanding: dict[int, _Outstanding] = {}
         self.pulled: set[int] = set()
+
+    def _flatten(self, p: int) -> torch.Tensor:
+        if self.flat is not None:
+            return self.flat.flatten(p)
+        return self.plan.flatten(self.params, p)
+
+    def _assign(self, p: int, value: torch.Tensor) -> None:
+        if self.flat is not None:
+            self.flat.assign(p, value)
+        else:
+            self.plan.assign(self.params, p, value)
 
     # -- inputs -----------------------------------------------------------------------------
     def on_heal(self, now: float, heal: Heal) -> list[Event]:
@@ -113,7 +128,7 @@ class LearnerProtocol:
         self.base = [v.clone() for v in self.latest]
         self.base_version = list(self.latest_version)
         for p in range(self.plan.P):
-            self.plan.assign(self.params, p, self.base[p])
+            self._assign(p, self.base[p])
             self.counters.reset(p)
         self.outstanding.clear()
         self.pulled.clear()
@@ -151,15 +166,15 @@ class LearnerProtocol:
         """Contributions for `fragments` now (the schedule's, or a final flush)."""
         out = []
         for p in fragments:
-            theta = self.plan.flatten(self.params, p)
+            theta = self._flatten(p)
             payload = self.ef.encode(p, self.base[p] - theta)
             self.seq += 1
             self.outstanding[p] = _Outstanding(
                 seq=self.seq,
                 step=self.step,
                 at_send=theta if self.cfg.receipt == "carry" else None,
-                steps=self.counters.steps[p],
-                tokens=self.counters.tokens[p],
+                steps=self.counters.steps_of(p),
+                tokens=self.counters.tokens_of(p),
             )
             out.append(
                 Send(
@@ -170,8 +185,8 @@ class LearnerProtocol:
                         seq=self.seq,
                         base_version=self.base_version[p],
                         payload=payload,
-                        steps=self.counters.steps[p],
-                        tokens=self.counters.tokens[p],
+                        steps=self.counters.steps_of(p),
+                        tokens=self.counters.tokens_of(p),
                         sent_at=now,
                         step_time=self.step_time.value or 0.0,
                     ),
@@ -226,16 +241,16 @@ class LearnerProtocol:
             if not r.answered or self.step < r.step + self.cfg.tau:
                 continue
             if self.cfg.receipt == "overwrite":  # the local value is not needed: copy it in
-                self.plan.assign(self.params, p, self.latest[p])
+                self._assign(p, self.latest[p])
             else:
-                local = self.plan.flatten(self.params, p)
+                local = self._flatten(p)
                 new = receive(self.cfg.receipt, local, self.latest[p], r.at_send, self.cfg.alpha)
-                self.plan.assign(self.params, p, new)
+                self._assign(p, new)
             self.base[p] = self.latest[p].clone()
             self.base_version[p] = self.latest_version[p]
             if self.cfg.receipt == "carry":
                 self.counters.reset(
-                    p, self.counters.steps[p] - r.steps, self.counters.tokens[p] - r.tokens
+                    p, self.counters.steps_of(p) - r.steps, self.counters.tokens_of(p) - r.tokens
                 )
             else:
                 self.counters.reset(p)

@@ -7,8 +7,8 @@
     error feedback (the training thread hands over a plain float32 copy), then one unary
     PushOne (one chunk) or a Push stream (optional token-bucket shaping);
   - beat: heartbeats on the control channel (a TCP connection of its own);
-  - ctl: with the pull schedule, the Control stream on the control channel: step reports up
-    (batched every `progress_interval_s`), the syncer's pulls down.
+  - ctl: with the pull schedule, the Pulls stream on the control channel: the syncer's pulls
+    down (the step reports that pace its pull clock go up in the heartbeats).
 Reconnects use backoff 0.2 s doubling to 2 s with jitter.
 
 It talks to the training side through `sink(item)` (everything the training thread must see:
@@ -28,7 +28,7 @@ import random
 import signal
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from atoll.core import codec
-from atoll.core.messages import Contribution, FragmentUpdate, Heal, Progress, Pull
+from atoll.core.messages import Contribution, FragmentUpdate, Heal, Pull
 from atoll.live.eventlog import EventLog
 from atoll.wire import PROTOCOL
 from atoll.wire import atoll_pb2 as pb
@@ -57,7 +57,7 @@ class CommOptions:
     tls_ca: str | None = None
     shape_mbps: float = 0.0
     heartbeat_s: float = 0.5
-    progress_interval_s: float = 0.05
+    status_interval_s: float = 0.25  # queue and byte counters to the training side, at most
     events_path: str | None = None
     nice: int = 10  # child process only: added niceness (measured: fewer preemptions)
 
@@ -77,8 +77,8 @@ class Submit:
 
 @dataclass
 class StepState:
-    """Training -> comm after a step: counters for heartbeats, versions for a resuming Hello,
-    step reports for the syncer's pull clock and the contributions now due."""
+    """Training -> comm after a step: counters for heartbeats (which also pace the syncer's
+    pull clock), versions for a resuming Hello, and the contributions now due."""
 
     steps: int
     tokens: int
@@ -86,7 +86,6 @@ class StepState:
     step_time: float
     base_versions: list[int]
     latest_versions: list[int]
-    progress: list[Progress] = field(default_factory=list)
     submits: list[Submit] = field(default_factory=list)
 
 
@@ -133,8 +132,6 @@ class Comm:
         self._out_cv = threading.Condition()
         self._in_flight = 0
         self._received = 0  # submits handed over (the training side compares its count)
-        self._progress: deque[Progress] = deque(maxlen=4096)
-        self._progress_ev = threading.Event()
         self._connected = threading.Event()
         self._closing = threading.Event()
         self._lock = threading.Lock()
@@ -146,6 +143,8 @@ class Comm:
         self.bytes_up = 0
         self.reconnects = 0
         self._welcomed = False
+        self._finishing = False
+        self._status_at = 0.0  # monotonic time of the last status item
         self.bulk = open_channel(opts.address, "bulk", opts.tls_ca)
         self.control = open_channel(opts.address, "control", opts.tls_ca)
         self.bulk_stub = pbg.SyncerStub(self.bulk)
@@ -177,6 +176,9 @@ class Comm:
                     del self._out[p]
         elif kind == "heal":
             self.request_heal()
+        elif kind == "finishing":  # the training side waits for the queue to drain
+            self._finishing = True
+            self._status()
         elif kind == "beat_once":
             self.beat_once()
             self.sink(("beat_done",))
@@ -186,9 +188,6 @@ class Comm:
 
     def _on_step(self, st: StepState) -> None:
         self._state = st
-        if st.progress:
-            self._progress.extend(st.progress)
-            self._progress_ev.set()
         if st.submits:
             with self._out_cv:
                 for s in st.submits:
@@ -207,6 +206,7 @@ class Comm:
             call.cancel()
 
     def _status(self, **extra: object) -> None:
+        self._status_at = time.monotonic()
         with self._out_cv:
             queued = len(self._out) + self._in_flight
             received = self._received
@@ -226,7 +226,6 @@ class Comm:
 
     def close(self) -> None:
         self._closing.set()
-        self._progress_ev.set()
         with self._out_cv:
             self._out_cv.notify_all()
         with self._lock:
@@ -352,6 +351,8 @@ class Comm:
             elif which == "update":
                 header = msg.update
                 asm = Assembler(header.total_bytes, header.crc32, self.max_bytes)
+                if header.payload:  # inline: the whole payload, no chunks follow
+                    asm.add(header.payload)
                 if asm.complete:
                     yield from _completed(finish_update(), header.heal, heal_parts, expect_heal)
             elif which == "chunk":
@@ -397,7 +398,11 @@ class Comm:
             finally:
                 with self._out_cv:
                     self._in_flight = 0
-                self._status()
+                # each status item costs the training thread a message to handle: one per
+                # interval, or after every send while it waits for the queue to drain
+                due = self._status_at + self.o.status_interval_s
+                if self._finishing or time.monotonic() >= due:
+                    self._status()
 
     def _push(self, raw: Submit) -> None:
         if not self._connected.wait(0.5):
@@ -465,15 +470,18 @@ class Comm:
 
     # -- control stream (pull schedule) -------------------------------------------------------
     def _control_loop(self) -> None:
-        """Keeps the Control stream open while the schedule is "pull": step reports up, pulls
-        down to the training side (handled there at the next step boundary)."""
+        """Keeps the Pulls stream open while the schedule is "pull" and hands each pull to the
+        training side (handled there at the next step boundary). The stream is read by this
+        thread itself (single-threaded unary-stream channel option): no extra wake-ups."""
         backoff = 0.2
         while not self._closing.is_set():
             if self.schedule != "pull" or not self._connected.is_set():
                 self._closing.wait(0.2)
                 continue
-            ended = threading.Event()
-            call = self.control_stub.Control(self._control_up(ended), metadata=self.metadata)
+            hello = pb.ControlHello(
+                protocol=PROTOCOL, learner=self.id, incarnation=self.o.incarnation
+            )
+            call = self.control_stub.Pulls(hello, metadata=self.metadata)
             with self._lock:
                 self._ctl_call = call
             try:
@@ -485,34 +493,11 @@ class Comm:
             except grpc.RpcError:
                 pass
             finally:
-                ended.set()
-                self._progress_ev.set()  # wake the request generator so that it ends
                 with self._lock:
                     self._ctl_call = None
             if self._closing.wait(backoff * random.uniform(0.8, 1.2)):
                 break
             backoff = min(backoff * 2, 2.0)
-
-    def _control_up(self, ended: threading.Event) -> Iterator[pb.ControlUp]:
-        """Request side of the Control stream: a hello, then batches of step reports (it sleeps
-        on an event between steps; at most one batch per `progress_interval_s`)."""
-        yield pb.ControlUp(
-            hello=pb.ControlHello(
-                protocol=PROTOCOL, learner=self.id, incarnation=self.o.incarnation
-            )
-        )
-        while not ended.is_set() and not self._closing.is_set():
-            if not self._progress_ev.wait(1.0):
-                continue
-            self._progress_ev.clear()
-            batch = []
-            while self._progress:
-                r = self._progress.popleft()
-                batch.append(pb.StepReport(step=r.step, step_time=r.step_time, at=r.at))
-            if batch and not ended.is_set():
-                yield pb.ControlUp(progress=pb.ProgressBatch(steps=batch))
-            if self.o.progress_interval_s > 0:
-                ended.wait(self.o.progress_interval_s)
 
     # -- heartbeats ---------------------------------------------------------------------------
     def _beat(self, st) -> pb.Beat:

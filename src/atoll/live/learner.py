@@ -18,10 +18,10 @@ thread in the training process, so no GIL contention, but each step then costs a
 and reads that wake the child: measured slower on an oversubscribed 2-core machine, see
 docs/live.md).
 
-Schedules (the syncer's choice, sent in its Welcome): "pull" (default) - the learner reports
-every step (core Progress) on the control channel and sends a fragment at the first step
-boundary after the syncer pulls it (at once when it is waiting for an answer); "push" - it
-sends on its own step count.
+Schedules (the syncer's choice, sent in its Welcome): "pull" (default) - the learner's
+heartbeats report its step count and step time, which pace the syncer's pull clock, and it
+sends a fragment at the first step boundary after the syncer pulls it (at once when it is
+waiting for an answer); "push" - it sends on its own step count.
 
 If the syncer goes away, the communication side reconnects and *resumes*: the learner keeps
 its local progress when the syncer still holds its base versions, and heals (loads every global
@@ -49,9 +49,9 @@ from typing import Any
 
 import torch
 
-from atoll.core.fragments import Fragment, FragmentPlan
+from atoll.core.fragments import FlatFragments, Fragment, FragmentPlan
 from atoll.core.learner import LearnerConfig, LearnerProtocol
-from atoll.core.messages import Contribution, Heal, Progress
+from atoll.core.messages import Contribution, Heal
 from atoll.errors import ConfigError
 from atoll.live.comm import Comm, CommOptions, StepState, Submit
 from atoll.live.eventlog import EventLog
@@ -146,6 +146,7 @@ class _ProcessPort:
         self.sock = socket.socket(fileno=os.dup(ours.fileno()))
         self.conn = Connection(ours.detach())
         self._buf = bytearray()
+        self._chunk = bytearray(1 << 20)  # reused: a fresh 1 MiB bytes per recv costs ~25 us
         self.dead = False
         self.send(("options", opts))
 
@@ -176,17 +177,18 @@ class _ProcessPort:
 
     def _read(self) -> bool:
         """Append what is waiting on the socket; False when the child is gone."""
+        chunk = self._chunk
         while True:
             try:
-                data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+                n = self.sock.recv_into(chunk, len(chunk), socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return True
             except OSError:
                 return False
-            if not data:
+            if not n:
                 return False
-            self._buf += data
-            if len(data) < 1 << 20:
+            self._buf += memoryview(chunk)[:n]
+            if n < len(chunk):
                 return True
 
     def get(self, timeout: float) -> tuple | None:
@@ -269,7 +271,6 @@ class Learner:
         events: EventLog | str | None = None,
         comm: str = "thread",
         switch_interval_s: float | None = 2e-4,
-        progress_interval_s: float = 0.05,
     ) -> None:
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
@@ -308,7 +309,6 @@ class Learner:
         self._share: tuple[int, float] | None = None  # (tokens at last beat, our share left)
         self._submitted = 0
         self._comm_status: dict[str, Any] = {"queued": 0, "received": 0}
-        self._progress: list[Progress] = []
         self._submits: list[Submit] = []
         self._last_step_t = 0.0
         self._sent_at_work: list[float] = []  # work_s when each fragment was last sent
@@ -322,7 +322,6 @@ class Learner:
             tls_ca=tls_ca,
             shape_mbps=shape_mbps,
             heartbeat_s=heartbeat_s,
-            progress_interval_s=progress_interval_s,
             events_path=str(self.events.path) if self.events.path else None,
         )
         self.port: _ThreadPort | _ProcessPort = (
@@ -359,7 +358,8 @@ class Learner:
                     block=True,
                     schedule=s.schedule or "push",
                 )
-                self.proto = LearnerProtocol(self.id, plan, self.params, cfg)
+                flat = FlatFragments(plan, self.params)  # one op per fragment taken or set
+                self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat)
                 self.proto.ef = self.encoder  # type: ignore[assignment]
                 self._sent_at_work = [0.0] * plan.P
                 self._apply_heal(item[1])
@@ -438,9 +438,6 @@ class Learner:
     def _collect(self, sends: list) -> None:
         """Protocol outputs -> step reports and contributions for the communication side."""
         for s in sends:
-            if isinstance(s.message, Progress):
-                self._progress.append(s.message)
-                continue
             if not isinstance(s.message, Contribution):
                 continue
             c: Contribution = s.message
@@ -470,12 +467,11 @@ class Learner:
                     step_time=p.step_time.value or 0.0,
                     base_versions=list(p.base_version),
                     latest_versions=list(p.latest_version),
-                    progress=self._progress,
                     submits=self._submits,
                 ),
             )
         )
-        self._progress, self._submits = [], []
+        self._submits = []
 
     def _drain(self) -> None:
         while True:
@@ -538,6 +534,7 @@ class Learner:
             pending = [p for p in range(proto.plan.P) if self._unsent(p) > 0]
             self._collect(proto.send_now(now, pending))
             self._flush()
+            self.port.send(("finishing",))  # report the send queue after every send from now
             until = time.time() + timeout
             while time.time() < until and self._connected:
                 item = self.port.get(0.02)

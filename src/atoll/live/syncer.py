@@ -1,13 +1,14 @@
 """The live syncer: a wall-clock, gRPC driver around atoll.core.syncer.SyncerProtocol.
 
-Threads: gRPC handlers (Join streams, Push streams, Heartbeat, Status, Control streams), a
+Threads: gRPC handlers (Join streams, Push streams, Heartbeat, Status, Pulls streams), a
 timer thread that fires the protocol's SetTimer outputs (grace windows, the pull clock), a
 reaper that declares silent learners lost, and a snapshot thread. Every protocol call happens
 under one lock.
 
-Pull schedule: each learner keeps a Control stream open on its control channel (a TCP
-connection of its own, so nothing waits behind fragment data). Step reports come up it and go
-to `on_progress`; the protocol's `Send(learner, Pull)` outputs go down it at once.
+Pull schedule: each learner keeps a Pulls stream open on its control channel (a TCP
+connection of its own, so nothing waits behind fragment data); the protocol's
+`Send(learner, Pull)` outputs go down it at once. Its step reports (step count and step time)
+come in its heartbeats and go to `on_progress` when the step count has moved.
 
 A contribution reaches `on_contribution` only after its chunks were fully received, the size
 and crc32 checked and the codec frame's scheme and size matched; a stream cut in the middle is
@@ -75,6 +76,7 @@ class _Session:
     updates: OrderedDict[int, FragmentUpdate] = field(default_factory=OrderedDict)
     notices: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
+    reported_step: int = 0  # the step count of its last heartbeat that reached on_progress
 
     def put_update(self, u: FragmentUpdate, full: FragmentUpdate | None) -> None:
         """Queue an update; a queued, unsent update of the same fragment is superseded (kept
@@ -118,7 +120,7 @@ class _Session:
 
 @dataclass
 class _Control:
-    """One learner's Control stream: pulls waiting to go down it."""
+    """One learner's Pulls stream: pulls waiting to go down it."""
 
     learner: str
     incarnation: str
@@ -319,6 +321,7 @@ class SyncerService(pbg.SyncerServicer):
         )
 
     def _frames(self, u: FragmentUpdate, heal: bool = False) -> Iterator[pb.Down]:
+        inline = len(u.payload) <= self.opts.chunk_bytes  # one message instead of two
         yield pb.Down(
             update=pb.UpdateHeader(
                 fragment=u.fragment,
@@ -330,9 +333,10 @@ class SyncerService(pbg.SyncerServicer):
                 total_bytes=len(u.payload),
                 crc32=crc32(u.payload),
                 heal=heal,
+                payload=u.payload if inline else b"",
             )
         )
-        for chunk in split(u.payload, self.opts.chunk_bytes):
+        for chunk in [] if inline else split(u.payload, self.opts.chunk_bytes):
             yield pb.Down(chunk=chunk)
         with self.lock:
             self.acct["bytes_out"] += len(u.payload)
@@ -519,6 +523,11 @@ class SyncerService(pbg.SyncerServicer):
             known = sess is not None and sess.incarnation == beat.incarnation
             if known:
                 sess.last_seen = now
+                # a step report when it has stepped since the last one: paces the pull clock
+                if beat.step > sess.reported_step and math.isfinite(beat.step_time):
+                    sess.reported_step = beat.step
+                    prog = Progress(beat.learner, beat.step, beat.step_time, now)
+                    self._process(now, self.proto.on_progress(now, prog))
             stop = self.stop_requested
             budget = self.opts.token_budget
             remaining = max(budget - self.total_tokens(), 0)
@@ -532,13 +541,7 @@ class SyncerService(pbg.SyncerServicer):
             live=live,
         )
 
-    def Control(
-        self, request_iterator: Iterator[pb.ControlUp], context: grpc.ServicerContext
-    ) -> Iterator[pb.ControlDown]:  # noqa: N802
-        first = next(request_iterator, None)
-        if first is None or first.WhichOneof("body") != "hello":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Control stream starts with a hello")
-        h = first.hello
+    def Pulls(self, h: pb.ControlHello, context: grpc.ServicerContext) -> Iterator[pb.ControlDown]:  # noqa: N802
         if h.protocol != PROTOCOL:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -553,10 +556,6 @@ class SyncerService(pbg.SyncerServicer):
                 old.close()
             self.controls[h.learner] = ctl
         context.add_callback(ctl.close)
-        reader = threading.Thread(
-            target=self._read_progress, args=(ctl, request_iterator), daemon=True
-        )
-        reader.start()
         try:
             while not ctl.closed and not self.stopping.is_set():
                 pulls = ctl.get(0.5)
@@ -571,32 +570,6 @@ class SyncerService(pbg.SyncerServicer):
             with self.lock:
                 if self.controls.get(h.learner) is ctl:
                     del self.controls[h.learner]
-
-    def _read_progress(self, ctl: _Control, requests: Iterator[pb.ControlUp]) -> None:
-        """The learner's step reports -> `on_progress` (its own thread: the handler's thread
-        writes the pulls)."""
-        try:
-            for msg in requests:
-                if msg.WhichOneof("body") != "progress":
-                    continue
-                now = time.time()
-                with self.lock:
-                    sess = self.sessions.get(ctl.learner)
-                    if sess is None or sess.incarnation != ctl.incarnation:
-                        continue  # not joined (yet): its steps do not pace the syncer
-                    sess.last_seen = now
-                    for r in msg.progress.steps:
-                        if not (math.isfinite(r.step_time) and r.step_time >= 0):
-                            continue
-                        at = r.at if math.isfinite(r.at) else now
-                        prog = Progress(ctl.learner, r.step, r.step_time, at)
-                        self._process(now, self.proto.on_progress(now, prog))
-        except grpc.RpcError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - a broken stream ends this learner's reports
-            self.events.emit("control_error", "syncer", learner=ctl.learner, error=str(exc))
-        finally:
-            ctl.close()
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
         with self.lock:
@@ -645,7 +618,7 @@ class SyncerService(pbg.SyncerServicer):
         from concurrent.futures import ThreadPoolExecutor
 
         self.server = grpc.server(
-            # each learner holds two long-lived streams (Join, Control): room for 120 learners
+            # each learner holds two long-lived streams (Join, Pulls): room for 120 learners
             ThreadPoolExecutor(max_workers=256),
             interceptors=[self.auth],
             options=[

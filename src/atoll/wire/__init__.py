@@ -5,4 +5,5 @@ Generated modules: atoll_pb2, atoll_pb2_grpc (regenerate with scripts/gen_proto.
 Helpers: chunks.py (split and reassemble payloads), auth.py (secret, metadata, interceptor, TLS).
 """
 
-PROTOCOL = 2  # 2: pull schedule (Control stream, LearnerSettings.schedule)
+# 2: pull schedule (LearnerSettings.schedule); 3: inline update payloads, the Pulls stream
+PROTOCOL = 3

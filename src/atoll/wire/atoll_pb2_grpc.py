@@ -59,9 +59,9 @@ class SyncerStub:
                 request_serializer=atoll__pb2.StatusRequest.SerializeToString,
                 response_deserializer=atoll__pb2.StatusReply.FromString,
                 _registered_method=True)
-        self.Control = channel.stream_stream(
-                '/atoll.v1.Syncer/Control',
-                request_serializer=atoll__pb2.ControlUp.SerializeToString,
+        self.Pulls = channel.unary_stream(
+                '/atoll.v1.Syncer/Pulls',
+                request_serializer=atoll__pb2.ControlHello.SerializeToString,
                 response_deserializer=atoll__pb2.ControlDown.FromString,
                 _registered_method=True)
 
@@ -99,8 +99,9 @@ class SyncerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Control(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+    def Pulls(self, request, context):
+        """pulls down a stream of their own; the learner's step reports travel in its heartbeats
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -133,9 +134,9 @@ def add_SyncerServicer_to_server(servicer, server):
                     request_deserializer=atoll__pb2.StatusRequest.FromString,
                     response_serializer=atoll__pb2.StatusReply.SerializeToString,
             ),
-            'Control': grpc.stream_stream_rpc_method_handler(
-                    servicer.Control,
-                    request_deserializer=atoll__pb2.ControlUp.FromString,
+            'Pulls': grpc.unary_stream_rpc_method_handler(
+                    servicer.Pulls,
+                    request_deserializer=atoll__pb2.ControlHello.FromString,
                     response_serializer=atoll__pb2.ControlDown.SerializeToString,
             ),
     }
@@ -285,7 +286,7 @@ class Syncer:
             _registered_method=True)
 
     @staticmethod
-    def Control(request_iterator,
+    def Pulls(request,
             target,
             options=(),
             channel_credentials=None,
@@ -295,11 +296,11 @@ class Syncer:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
+        return grpc.experimental.unary_stream(
+            request,
             target,
-            '/atoll.v1.Syncer/Control',
-            atoll__pb2.ControlUp.SerializeToString,
+            '/atoll.v1.Syncer/Pulls',
+            atoll__pb2.ControlHello.SerializeToString,
             atoll__pb2.ControlDown.FromString,
             options,
             channel_credentials,

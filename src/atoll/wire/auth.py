@@ -112,6 +112,9 @@ def channel_options(name: str) -> list[tuple[str, object]]:
         ("grpc.enable_retries", 0),
         ("atoll.channel", name),
         ("grpc.use_local_subchannel_pool", 1),
+        # a server stream (Join) is read by the thread that iterates it, without waking a
+        # separate polling thread for every message
+        ("SingleThreadedUnaryStream", 1),
     ]
 
 
