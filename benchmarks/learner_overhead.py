@@ -71,7 +71,8 @@ def one_repeat(args: argparse.Namespace) -> dict:
         opt = new_inner_optimizer(model, cfg)
         data = DataStream(cfg, corpus_for(cfg), 0)
         learner = Learner(model, opt, addr, learner_id="B0", run_id="bench",
-                          secret=secret, comm=args.comm)  # fmt: skip
+                          secret=secret, comm=args.comm,
+                          switch_interval_s=args.switch_interval)  # fmt: skip
         tokens = cfg.batch * cfg.context
         call_times: list[float] = []
 
@@ -153,6 +154,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--schedule", choices=("pull", "push"), default="pull")
     ap.add_argument("--comm", choices=("thread", "process"), default="thread")
+    ap.add_argument(
+        "--switch-interval", type=float, default=2e-4, help="thread mode: GIL switch interval (s)"
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learner_overhead.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -172,7 +176,8 @@ def main() -> int:
         "atoll; per repeat the median over block pairs of (atoll / plain median step time) - 1",
         "command": "benchmarks/learner_overhead.py "
         f"--steps-per-block {args.steps_per_block} --blocks {args.blocks} "
-        f"--repeats {args.repeats} --schedule {args.schedule} --comm {args.comm}",
+        f"--repeats {args.repeats} --schedule {args.schedule} --comm {args.comm} "
+        f"--switch-interval {args.switch_interval}",
         "schedule": args.schedule,
         "comm": args.comm,
         "overhead_median": statistics.median(r["overhead_paired_median"] for r in repeats),

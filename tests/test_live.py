@@ -316,10 +316,12 @@ def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
         *_sets(
             [
                 "learners=2",
-                "steps=300",
+                "steps=400",
                 "pace_s=0.03",
                 "restart_delay_s=0.5",
-                "chaos=kill:L1@3+0.5,kill:syncer@7+0.5",
+                # chaos times count from the learners' spawn; they join ~2.5 s later (longer
+                # on a loaded machine): the syncer kill leaves them time to close rounds first
+                "chaos=kill:L1@3+0.5,kill:syncer@9+0.5",
                 "eval=false",
             ]
         ),
@@ -349,3 +351,123 @@ def test_run_refuses_a_directory_that_already_holds_a_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert "already holds a run" in err and "--resume" in err
+
+
+def _self_signed(tmp_path):
+    """A certificate for 127.0.0.1 and its key, PEM files (what `--tls-cert/--tls-key` take)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "atoll-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):
+    """`atoll syncer --tls-cert --tls-key`: a learner given the CA heals, trains and its
+    rounds merge; a plaintext client gets nothing."""
+    from atoll.live.learner import Learner
+    from atoll.sim.config import SimConfig
+    from atoll.sim.world import new_model
+
+    cert, key = _self_signed(tmp_path)
+    env = {**os.environ, "ATOLL_SECRET": SECRET}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(tmp_path), "--run-id",
+         RUN, "--tls-cert", cert, "--tls-key", key,
+         *_sets(["steps=1000", "learners=1", "schedule=push"])],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        addr_file = tmp_path / "syncer.addr"
+        until = time.time() + 30
+        while not addr_file.exists() and time.time() < until and proc.poll() is None:
+            time.sleep(0.05)
+        addr = addr_file.read_text()
+        wait_ready(addr, RUN, SECRET, 20, tls_ca=cert)
+        with pytest.raises(grpc.RpcError) as err:  # plaintext to a TLS port: no answer
+            status(addr, RUN, SECRET, timeout=2.0)
+        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        cfg = SimConfig(n_layer=1, d_model=16, n_head=2, context=16, batch=4, P=4, H=4)
+        model = new_model(cfg)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        learner = Learner(model, opt, addr, learner_id="T0", run_id=RUN, secret=SECRET,
+                          tls_ca=cert, connect_timeout_s=20)  # fmt: skip
+        x = torch.randint(0, 256, (4, 16))
+        for _ in range(8):
+            model(x, x).backward()
+            opt.step()
+            opt.zero_grad()
+            learner.step(tokens=64)
+        learner.finish(timeout=10)
+        s = status(addr, RUN, SECRET, tls_ca=cert)
+        assert s.rounds >= 4 and learner.bytes_up > 0 and learner.refused == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_stopped_learner_in_process_mode_is_declared_lost_then_rejoins(syncer):
+    """SIGSTOP of a learner whose communication runs in a child process: the child stops
+    heartbeating for it (the syncer declares it lost), and after SIGCONT it is live again."""
+    addr, run_dir, _ = syncer
+    env = {**os.environ, "ATOLL_SECRET": SECRET}
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "atoll.cli", "learner", "--syncer", addr, "--run-id", RUN,
+         "--index", "0", *_sets(["learners=2", "comm=process", "pace_s=0.03",
+                                 "start_barrier=false", "eval=false"])],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def live(want: bool, within: float) -> float:
+        t0 = time.time()
+        while time.time() - t0 < within:
+            if ("L0" in status(addr, RUN, SECRET).live) == want:
+                return time.time() - t0
+            time.sleep(0.1)
+        raise AssertionError(f"L0 live={not want} after {within} s")
+
+    try:
+        live(True, 20)
+        time.sleep(1.0)  # training, heartbeating from the child
+        learner.send_signal(signal.SIGSTOP)
+        lost_after = 2.0  # TINY's lost_after_s
+        assert live(False, lost_after + 3.0) >= lost_after - 0.6
+        learner.send_signal(signal.SIGCONT)
+        live(True, 10)
+    finally:
+        learner.send_signal(signal.SIGCONT)
+        learner.kill()
+        learner.wait(10)

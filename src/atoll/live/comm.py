@@ -31,6 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,6 +41,7 @@ import torch
 from atoll.core import codec
 from atoll.core.messages import Contribution, FragmentUpdate, Heal, Pull
 from atoll.live.eventlog import EventLog
+from atoll.live.shm import SharedSlots
 from atoll.wire import PROTOCOL
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pbg
@@ -60,6 +62,10 @@ class CommOptions:
     status_interval_s: float = 0.25  # queue and byte counters to the training side, at most
     events_path: str | None = None
     nice: int = 10  # child process only: added niceness (measured: fewer preemptions)
+    parent_pid: int = 0  # child process only: the training process (no beats while stopped)
+
+
+IN_SLOT = "in-slot"  # process mode: the vector is in its fragment's shared slot (atoll.live.shm)
 
 
 @dataclass
@@ -144,6 +150,10 @@ class Comm:
         self.reconnects = 0
         self._welcomed = False
         self._finishing = False
+        # heartbeats carry the step reports that start the syncer's pull clock: the first
+        # step after a (re)join is reported at once, not up to `heartbeat_s` later
+        self._beat_early = threading.Event()
+        self._beat_steps = 1 << 62  # steps at the last (re)join; huge: nothing to report
         self._status_at = 0.0  # monotonic time of the last status item
         self.bulk = open_channel(opts.address, "bulk", opts.tls_ca)
         self.control = open_channel(opts.address, "control", opts.tls_ca)
@@ -188,6 +198,8 @@ class Comm:
 
     def _on_step(self, st: StepState) -> None:
         self._state = st
+        if not self._beat_early.is_set() and st.steps > self._beat_steps:
+            self._beat_early.set()  # the first step since (re)joining: report it at once
         if st.submits:
             with self._out_cv:
                 for s in st.submits:
@@ -226,6 +238,7 @@ class Comm:
 
     def close(self) -> None:
         self._closing.set()
+        self._beat_early.set()
         with self._out_cv:
             self._out_cv.notify_all()
         with self._lock:
@@ -346,6 +359,8 @@ class Comm:
                     self.reconnects += 1
                     self.events.emit("reconnected", self.id, heal=w.heal, epoch=w.epoch)
                 self._welcomed = True
+                st = self._state
+                self._beat_steps = st.steps if st is not None else 0
                 self._status()
                 yield ("welcome", w.SerializeToString())
             elif which == "update":
@@ -512,10 +527,15 @@ class Comm:
         )
 
     def _beat_loop(self) -> None:
-        while not self._closing.wait(self.o.heartbeat_s):
+        while not self._closing.is_set():
+            if self._beat_early.wait(self.o.heartbeat_s):
+                self._beat_early.clear()
+                self._beat_steps = 1 << 62  # no early beat again until the next (re)join
+            if self._closing.is_set():
+                return
             st = self._state
-            if st is None:
-                continue
+            if st is None or (self.o.parent_pid and process_stopped(self.o.parent_pid)):
+                continue  # a stopped training process is not alive, whatever this side does
             try:
                 reply = self.control_stub.Heartbeat(
                     self._beat(st),
@@ -535,6 +555,15 @@ class Comm:
                     call.cancel()
 
 
+def process_stopped(pid: int) -> bool:
+    """True while process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger), from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
+
+
 def _completed(
     u: FragmentUpdate, heal: bool, parts: list[FragmentUpdate], expect: int
 ) -> Iterator[tuple]:
@@ -547,9 +576,10 @@ def _completed(
         yield ("update", u)
 
 
-def comm_main(conn: Any, opts: CommOptions) -> None:
+def comm_main(conn: Any, opts: CommOptions, slots: SharedSlots | None = None) -> None:
     """Child-process entry: run a `Comm`, commands from `conn`, items back over it (started
-    by the learner as `python -m atoll.live.comm FD`; the first message is the options)."""
+    by the learner as `python -m atoll.live.comm FD [SHM_FD TOTAL NFLAGS]`; the first message
+    is the options). Vectors move through `slots` when given and free."""
     try:  # die with the learner process, even when it is SIGKILLed
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except OSError:
@@ -561,19 +591,32 @@ def comm_main(conn: Any, opts: CommOptions) -> None:
     lock = threading.Lock()
 
     def sink(item: tuple) -> None:
-        if item[0] == "update" and item[2] is not None:  # numpy pickles plainly; torch would not
-            item = (item[0], item[1], item[2].numpy())
+        if item[0] == "welcome" and slots is not None:  # the fragment sizes, plan order
+            w = pb.Welcome.FromString(item[1])
+            slots.layout([sum(math.prod(t.shape) for t in f.tensors) for f in w.fragments])
+        elif item[0] == "update" and item[2] is not None:
+            u, value = item[1], item[2]
+            if slots is not None and slots.put(slots.down, u.fragment, value):
+                item = ("update", u, IN_SLOT)
+            else:  # numpy pickles plainly; torch would not
+                item = ("update", u, value.numpy())
         with lock:
             try:
                 conn.send(item)
             except (BrokenPipeError, OSError):
                 pass
 
-    comm = Comm(opts, sink)
+    comm = Comm(dataclasses.replace(opts, parent_pid=os.getppid()), sink)
     comm.start()
     try:
-        while comm.command(conn.recv()):
-            pass
+        while True:
+            msg = conn.recv()
+            if msg[0] == "step" and slots is not None:  # take vectors out of their slots now
+                for s in msg[1].submits:
+                    if isinstance(s.vector, str) and s.vector == IN_SLOT:
+                        s.vector = slots.take(slots.up, s.c.fragment).numpy()
+            if not comm.command(msg):
+                break
     except (EOFError, OSError):
         pass  # the learner process is gone
     finally:
@@ -585,8 +628,11 @@ if __name__ == "__main__":
     from multiprocessing.connection import Connection
 
     _conn = Connection(int(sys.argv[1]))
+    _slots = None
+    if len(sys.argv) > 4:
+        _slots = SharedSlots(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     try:
         _first = _conn.recv()
     except (EOFError, OSError):
         sys.exit(0)
-    comm_main(_conn, _first[1])
+    comm_main(_conn, _first[1], _slots)

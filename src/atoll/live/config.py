@@ -28,6 +28,7 @@ class LiveConfig:
     pace_s: float = 0.0  # built-in learner: step k ends at start + k*pace_s*speed (0: free)
     start_barrier: bool = True  # built-in learners start together once all have joined
     shape_mbps: str = "0"  # per-learner upload limit (token bucket), 0 = unshaped
+    comm: str = "thread"  # built-in learner: communication in "thread"s or a child "process"
     chaos: str = ""  # e.g. "kill:L1@20+3,stop:L2@30+2,kill:syncer@40+2" or "random:3"
     chaos_seed: int = 0
     restart_delay_s: float = 3.0
@@ -49,6 +50,8 @@ class LiveConfig:
             raise ConfigError("chunk_bytes", self.chunk_bytes, "an integer >= 1024")
         if self.snapshot_history < 2:
             raise ConfigError("snapshot_history", self.snapshot_history, "an integer >= 2")
+        if self.comm not in ("thread", "process"):
+            raise ConfigError("comm", self.comm, "'thread' or 'process'")
         if self.pace_s < 0:
             raise ConfigError("pace_s", self.pace_s, "a number >= 0 (seconds per step)")
         if self.wait_s < 0 or self.restart_delay_s < 0:

@@ -53,8 +53,9 @@ from atoll.core.fragments import FlatFragments, Fragment, FragmentPlan
 from atoll.core.learner import LearnerConfig, LearnerProtocol
 from atoll.core.messages import Contribution, Heal
 from atoll.errors import ConfigError
-from atoll.live.comm import Comm, CommOptions, StepState, Submit
+from atoll.live.comm import IN_SLOT, Comm, CommOptions, StepState, Submit
 from atoll.live.eventlog import EventLog
+from atoll.live.shm import SharedSlots
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire.auth import load_secret
 
@@ -108,6 +109,21 @@ class _ThreadPort:
     def send(self, msg: tuple) -> None:
         self.comm.command(msg)
 
+    def layout(self, numels: list[int]) -> None:
+        pass
+
+    def vector_out(self, p: int, vec: torch.Tensor) -> Any:
+        return vec.numpy()  # a fresh tensor's memory, shared with the comm thread: no copy
+
+    def value_in(self, p: int, value: Any) -> torch.Tensor | None:
+        return value
+
+    def get_all(self) -> list[tuple]:
+        out = []
+        while (item := self.get(0.0)) is not None:
+            out.append(item)
+        return out
+
     def get(self, timeout: float) -> tuple | None:
         try:
             if timeout <= 0:
@@ -122,11 +138,18 @@ class _ThreadPort:
 
 class _ProcessPort:
     """The communication side in a child process (`python -m atoll.live.comm`, so the user's
-    script is not imported again), over a socket pair read at step boundaries only."""
+    script is not imported again), over a socket pair read at step boundaries only. Vectors
+    (contributions up, decoded updates down) go through shared slots (atoll.live.shm) when
+    free, so that the messages themselves stay small."""
 
-    def __init__(self, opts: CommOptions) -> None:
+    def __init__(self, opts: CommOptions, total: int, nflags: int) -> None:
         import atoll
 
+        self.slots: SharedSlots | None = None
+        fds, shm_args = [], []
+        if hasattr(os, "memfd_create") and total > 0:
+            self.slots, fd = SharedSlots.create(total, nflags)
+            fds, shm_args = [fd], [str(fd), str(total), str(nflags)]
         ours, theirs = socket.socketpair()
         root = str(Path(atoll.__file__).resolve().parents[1])
         env = {
@@ -134,12 +157,14 @@ class _ProcessPort:
             "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "atoll.live.comm", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
+            [sys.executable, "-m", "atoll.live.comm", str(theirs.fileno()), *shm_args],
+            pass_fds=[theirs.fileno(), *fds],
             stdin=subprocess.DEVNULL,
             env=env,
         )
         theirs.close()
+        for fd in fds:
+            os.close(fd)  # the mapping stays
         # reads: our own non-blocking reads of the Connection framing (a 4-byte length, or -1
         # and an 8-byte one, then a pickle), so that a step boundary costs one recv for all
         # that is waiting (no poll/select per message); writes: a plain Connection
@@ -157,6 +182,20 @@ class _ProcessPort:
             self.conn.send(msg)
         except (BrokenPipeError, OSError):
             self.dead = True
+
+    def layout(self, numels: list[int]) -> None:
+        if self.slots is not None and not self.slots.layout(numels):
+            self.slots = None
+
+    def vector_out(self, p: int, vec: torch.Tensor) -> Any:
+        if self.slots is not None and self.slots.put(self.slots.up, p, vec):
+            return IN_SLOT
+        return vec.numpy()
+
+    def value_in(self, p: int, value: Any) -> torch.Tensor | None:
+        if isinstance(value, str) and value == IN_SLOT and self.slots is not None:
+            return self.slots.take(self.slots.down, p)
+        return None if value is None else torch.from_numpy(value)
 
     def _parse(self) -> tuple | None:
         buf = self._buf
@@ -190,6 +229,19 @@ class _ProcessPort:
             self._buf += memoryview(chunk)[:n]
             if n < len(chunk):
                 return True
+
+    def get_all(self) -> list[tuple]:
+        """Everything waiting now, with one read of the socket."""
+        if self.dead:
+            return []
+        alive = self._read()
+        out = []
+        while (msg := self._parse()) is not None:
+            out.append(msg)
+        if not alive:
+            self.dead = True
+            out.append(("fatal", "the communication process ended"))
+        return out
 
     def get(self, timeout: float) -> tuple | None:
         if self.dead:
@@ -325,7 +377,9 @@ class Learner:
             events_path=str(self.events.path) if self.events.path else None,
         )
         self.port: _ThreadPort | _ProcessPort = (
-            _ProcessPort(opts) if comm == "process" else _ThreadPort(opts)
+            _ProcessPort(opts, sum(t.numel() for t in self.params.values()), len(self.params))
+            if comm == "process"
+            else _ThreadPort(opts)
         )
         self._await_first_heal(connect_timeout_s)
 
@@ -360,6 +414,7 @@ class Learner:
                 )
                 flat = FlatFragments(plan, self.params)  # one op per fragment taken or set
                 self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat)
+                self.port.layout([f.numel for f in plan.fragments])
                 self.proto.ef = self.encoder  # type: ignore[assignment]
                 self._sent_at_work = [0.0] * plan.P
                 self._apply_heal(item[1])
@@ -444,7 +499,7 @@ class Learner:
             work = self._unsent(c.fragment)
             self._sent_at_work[c.fragment] = self.work_s
             vec = self.encoder.take(c.payload)
-            raw = None if vec is None else vec.numpy()  # a fresh tensor's memory: no copy
+            raw = None if vec is None else self.port.vector_out(c.fragment, vec)
             self._submits.append(Submit(c, work, raw, self.encoder.generation))
             self._submitted += 1
 
@@ -474,10 +529,7 @@ class Learner:
         self._submits = []
 
     def _drain(self) -> None:
-        while True:
-            item = self.port.get(0.0)
-            if item is None:
-                return
+        for item in self.port.get_all():
             self._handle(item)
 
     def _status(self, st: dict[str, Any]) -> None:
@@ -496,9 +548,8 @@ class Learner:
         kind = item[0]
         if kind == "update":
             self.bytes_down += len(item[1].payload)
-            value = item[2] if len(item) > 2 else None  # decoded by the communication side
-            if value is not None and not isinstance(value, torch.Tensor):
-                value = torch.from_numpy(value)  # from the child process
+            # decoded by the communication side (from the child: in a slot or an array)
+            value = self.port.value_in(item[1].fragment, item[2] if len(item) > 2 else None)
             try:
                 proto.on_update(time.time(), item[1], value)
             except ValueError as exc:  # a delta that does not chain: heal
@@ -582,6 +633,9 @@ class _Closed:
 
     def get(self, timeout: float) -> tuple | None:
         return None
+
+    def get_all(self) -> list[tuple]:
+        return []
 
     def close(self) -> None:
         pass

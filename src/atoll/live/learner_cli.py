@@ -76,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
         wait_s=lcfg.wait_s,
         shape_mbps=shape,
         heartbeat_s=lcfg.heartbeat_s,
+        comm=lcfg.comm,
         events=str(args.events) if args.events else None,
     )
     start = time.time()
