@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--schedule", choices=("pull", "push"), default="pull")
-    ap.add_argument("--comm", choices=("thread", "process"), default="thread")
+    ap.add_argument("--comm", choices=("thread", "process"), default="process")
     ap.add_argument(
         "--switch-interval", type=float, default=2e-4, help="thread mode: GIL switch interval (s)"
     )

@@ -163,9 +163,13 @@ class FlatFragments:
             return None
         return buf
 
-    def flatten(self, p: int) -> torch.Tensor:
+    def flatten(self, p: int, copy: bool = True) -> torch.Tensor:
+        """Fragment p as one flat float32 vector: a copy, or with `copy=False` the buffer
+        itself when the parameters live there (read it before they change)."""
         buf = self._buffer(p)
-        return buf.clone() if buf is not None else self.plan.flatten(self.params, p)
+        if buf is None:
+            return self.plan.flatten(self.params, p)
+        return buf.clone() if copy else buf
 
     def assign(self, p: int, flat: torch.Tensor) -> None:
         buf = self._buffer(p)

@@ -166,13 +166,14 @@ class LearnerProtocol:
         """Contributions for `fragments` now (the schedule's, or a final flush)."""
         out = []
         for p in fragments:
-            theta = self._flatten(p)
+            carry = self.cfg.receipt == "carry"  # only then is theta kept past this line
+            theta = self.flat.flatten(p, copy=carry) if self.flat is not None else self._flatten(p)
             payload = self.ef.encode(p, self.base[p] - theta)
             self.seq += 1
             self.outstanding[p] = _Outstanding(
                 seq=self.seq,
                 step=self.step,
-                at_send=theta if self.cfg.receipt == "carry" else None,
+                at_send=theta if carry else None,
                 steps=self.counters.steps_of(p),
                 tokens=self.counters.tokens_of(p),
             )

@@ -13,9 +13,10 @@ Reconnects use backoff 0.2 s doubling to 2 s with jitter.
 
 It talks to the training side through `sink(item)` (everything the training thread must see:
 welcome, heal, update, pull, refused, status, fatal) and `command(msg)` (what the training
-thread hands over after each step). By default it runs in threads of the learner's process;
-`Learner(comm="process")` runs it in a child process (`comm_main`, at nice +10 so that its
-wake-ups do not preempt the training thread).
+thread hands over after each step). By default it runs in a child process of the learner
+(`comm_main`, at nice +10 so that its wake-ups do not preempt the training thread; vectors
+pass through shared slots, atoll.live.shm, and it sends no heartbeat while the training
+process is stopped); `Learner(comm="thread")` runs it in threads of the learner's process.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class LiveConfig:
     pace_s: float = 0.0  # built-in learner: step k ends at start + k*pace_s*speed (0: free)
     start_barrier: bool = True  # built-in learners start together once all have joined
     shape_mbps: str = "0"  # per-learner upload limit (token bucket), 0 = unshaped
-    comm: str = "thread"  # built-in learner: communication in "thread"s or a child "process"
+    comm: str = "process"  # built-in learner: communication in a child "process" or "thread"s
     chaos: str = ""  # e.g. "kill:L1@20+3,stop:L2@30+2,kill:syncer@40+2" or "random:3"
     chaos_seed: int = 0
     restart_delay_s: float = 3.0
