@@ -12,15 +12,16 @@ Design (this machine is shared and noisy; step times drift by tens of percent ov
 - `--repeats` times over, each with a fresh syncer, model and learner; the headline is the
   median over repeats.
 - A syncer runs as a separate process on loopback, at nice 19: it stands for a remote host
-  and should not take this machine's cores from the loop being measured. The learner sends
-  one fragment per step (P = H = 24: pull schedule, the default, when the syncer pulls it;
-  push: on its own step count) and receives the merged updates in the background. With the
-  pull schedule the syncer's clock keeps pulling while a plain block runs, so each atoll
-  block starts by answering those pulls: the atoll loop here sends more than it would in a
-  steady run (a conservative measurement).
+  and should not take this machine's cores from the loop being measured. The learner receives
+  the merged updates in the background and sends fragments (P = H = 24).
+- Schedule: `push` (this benchmark's default) sends exactly one fragment per step, which is
+  also the steady rate of the library's default `pull` schedule in a loop that never pauses.
+  Here the atoll learner does pause (during the plain blocks), so under `pull` the step time
+  it reports includes those pauses, the syncer's clock slows down, and the atoll loop sends
+  only about 0.7 fragments per step, in bursts: `--schedule pull` measures a lighter load.
 
-    .venv/bin/python benchmarks/learner_overhead.py [--comm thread|process]
-        [--schedule pull|push] [--repeats 3 --blocks 24 --steps-per-block 20]
+    .venv/bin/python benchmarks/learner_overhead.py [--comm process|thread]
+        [--schedule push|pull] [--repeats 3 --blocks 24 --steps-per-block 20]
         [--out benchmarks/results/learner_overhead.json]
 
 Writes the JSON and a PNG (step-time ratio per block pair, one line per repeat) next to it.
@@ -152,7 +153,7 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--schedule", choices=("pull", "push"), default="pull")
+    ap.add_argument("--schedule", choices=("pull", "push"), default="push")
     ap.add_argument("--comm", choices=("thread", "process"), default="process")
     ap.add_argument(
         "--switch-interval", type=float, default=2e-4, help="thread mode: GIL switch interval (s)"

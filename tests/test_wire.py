@@ -10,7 +10,7 @@ from atoll.core.fragments import make_plan
 from atoll.core.messages import Contribution
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.errors import ConfigError
-from atoll.live.config import build, split_overrides
+from atoll.live.config import build, resolve_comm, split_overrides
 from atoll.live.launcher import parse_chaos
 from atoll.live.store import Tape, commit_record, read_records, restore, write_snapshot
 from atoll.wire.auth import load_secret
@@ -69,6 +69,16 @@ def test_settings_split_and_validate(tmp_path):
     assert scfg.learners == 2 and lcfg.shape_factors(2) == [5.0, 0.0]
     with pytest.raises(ConfigError, match="shape_mbps"):
         build(["shape_mbps=1,2,3"], cfg)
+
+
+def test_comm_mode_auto_takes_a_process_only_with_two_cores_per_learner():
+    assert build([])[1].comm == "auto"
+    with pytest.raises(ConfigError, match="comm"):
+        build(["comm=fiber"])
+    assert resolve_comm("auto", learners_here=1, cores=2) == "process"
+    assert resolve_comm("auto", learners_here=4, cores=2) == "thread"  # atoll demo here
+    assert resolve_comm("auto", learners_here=4, cores=8) == "process"
+    assert resolve_comm("thread", learners_here=1, cores=64) == "thread"  # explicit wins
 
 
 def test_chaos_spec():

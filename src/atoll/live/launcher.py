@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll.errors import ConfigError
-from atoll.live.config import LiveConfig, to_args
+from atoll.live.config import LiveConfig, resolve_comm, to_args
 from atoll.live.eventlog import EventLog, read_events
 from atoll.sim.config import SimConfig
 
@@ -131,7 +131,10 @@ class Launcher:
             print(f"[atoll run] {text}", flush=True)
 
     def _argv(self, kind: str, index: int = 0, restart: int = 0) -> list[str]:
-        settings = to_args(self.scfg, LiveConfig(**{**self.lcfg.__dict__, "port": self.port}))
+        comm = resolve_comm(self.lcfg.comm, self.scfg.learners)  # all learners on this machine
+        settings = to_args(
+            self.scfg, LiveConfig(**{**self.lcfg.__dict__, "port": self.port, "comm": comm})
+        )
         base = [sys.executable, "-m", "atoll.cli", kind, *settings]
         auth = ["--run-id", self.run_id, "--secret-file", str(self.secret_path)]
         if kind == "syncer":

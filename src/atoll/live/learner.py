@@ -12,7 +12,8 @@
 thread, inside `step()` (a step boundary). At that boundary the learner applies what arrived,
 takes the contributions now due as plain float32 copies (base - theta: the snapshot is the
 step boundary's), and hands them to the communication side (atoll.live.comm), which
-quantizes, compresses and sends them. By default (`comm="process"`) it runs in a child process
+quantizes, compresses and sends them. With `comm="process"` (what the default "auto" picks on
+a machine with 2 or more cores) it runs in a child process
 that the learner starts and that dies with it: the training process then has no background
 Python thread competing for its GIL, and a step boundary costs one socket write, one read,
 and copies through shared memory slots (atoll.live.shm). `comm="thread"` runs it in
@@ -55,6 +56,7 @@ from atoll.core.learner import LearnerConfig, LearnerProtocol
 from atoll.core.messages import Contribution, Heal
 from atoll.errors import ConfigError
 from atoll.live.comm import IN_SLOT, Comm, CommOptions, StepState, Submit
+from atoll.live.config import resolve_comm
 from atoll.live.eventlog import EventLog
 from atoll.live.shm import SharedSlots
 from atoll.wire import atoll_pb2 as pb
@@ -329,13 +331,14 @@ class Learner:
         heartbeat_s: float = 0.5,
         connect_timeout_s: float = 60.0,
         events: EventLog | str | None = None,
-        comm: str = "process",
+        comm: str = "auto",
         switch_interval_s: float | None = 2e-4,
     ) -> None:
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
-        if comm not in COMM_MODES:
-            raise ConfigError("comm", comm, f"one of {COMM_MODES}")
+        if comm not in (*COMM_MODES, "auto"):
+            raise ConfigError("comm", comm, f"one of {COMM_MODES} or 'auto'")
+        comm = resolve_comm(comm, 1)  # "auto": a child process if this machine has 2+ cores
         if comm == "thread" and switch_interval_s is not None:
             # The communication threads run Python (protobuf, grpc's iterators); with the
             # default 5 ms GIL switch interval the training thread can wait that long each

@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
         wait_s=lcfg.wait_s,
         shape_mbps=shape,
         heartbeat_s=lcfg.heartbeat_s,
-        comm=lcfg.comm,
+        comm=live_config.resolve_comm(lcfg.comm, 1),  # `atoll run` passes its choice
         events=str(args.events) if args.events else None,
     )
     start = time.time()
