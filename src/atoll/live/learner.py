@@ -18,8 +18,8 @@ that the learner starts and that dies with it: the training process then has no 
 Python thread competing for its GIL, and a step boundary costs one socket write, one read,
 and copies through shared memory slots (atoll.live.shm). `comm="thread"` runs it in
 background threads of this process instead: no second process, but those threads take the GIL
-from the training loop at every message (measured: +5.2% per step of the built-in model
-against +2.4% for the child process, one fragment sent per step; docs/live.md).
+from the training loop at every message (measured: +4.0% per step of the built-in model
+against +2.3% for the child process, one fragment sent per step; BENCHMARKS.md).
 
 Schedules (the syncer's choice, sent in its Welcome): "pull" (default) - the learner's
 heartbeats report its step count and step time, which pace the syncer's pull clock, and it
