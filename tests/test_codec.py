@@ -98,3 +98,22 @@ def test_unknown_scheme_is_a_config_error():
 
     with pytest.raises(ConfigError, match="codec='int3'"):
         codec.encode(torch.ones(3), "int3")
+
+
+def test_int_frames_refuse_values_near_the_float32_maximum_and_overflowing_frames():
+    import zlib
+
+    for scheme in ("int4", "int8"):
+        with pytest.raises(codec.CodecError, match="float32 maximum"):
+            codec.encode(torch.tensor([3.39e38, 1.0]), scheme)
+        y = codec.decode(codec.encode(torch.tensor([3.0e38, -1.0]), scheme))
+        assert torch.isfinite(y).all() and y[0] > 2.9e38
+        assert codec.decode(codec.encode(torch.zeros(0), scheme)).numel() == 0
+    # a crafted int8 frame: q = -128 (never written by encode) times a finite scale overflows
+    scale = torch.tensor([3.0e38]).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    body = scale + bytes([0x80]) + bytes(63)
+    head = codec._HEADER.pack(
+        codec.MAGIC, codec.VERSION, codec.SCHEMES["int8"], 0, 0, 64, 64, len(body), zlib.crc32(body)
+    )
+    with pytest.raises(codec.CodecError, match="non-finite"):
+        codec.decode(head + body)

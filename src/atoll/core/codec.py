@@ -36,6 +36,8 @@ _HEADER = struct.Struct("<4sBBBBQIII")
 MAGIC = b"ATF1"
 VERSION = 1
 _SCALE_UP = 1.0 + 2.0**-7  # stored bf16 scales are never smaller than absmax/qmax
+_QBOUND = {"int8": 128, "int4": 8}  # largest |q| a frame can hold (a crafted one included)
+_FLT_MAX = float(torch.finfo(torch.float32).max)
 
 
 class CodecError(ValueError):
@@ -53,8 +55,11 @@ def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor,
     pad = (-x.numel()) % group
     g = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(-1, group)
     absmax = g.abs().amax(dim=1)
-    if not math.isfinite(absmax.max().item()):  # max propagates NaN and inf
+    top = absmax.max().item() if absmax.numel() else 0.0  # max propagates NaN and inf
+    if not math.isfinite(top):
         raise CodecError("refusing to encode non-finite values")
+    if top * _SCALE_UP * _SCALE_UP > _FLT_MAX:  # its scale times qmax would overflow float32
+        raise CodecError(f"refusing to encode |x| = {top:.3g}: too close to the float32 maximum")
     zero = absmax == 0
     scales = absmax.div_(qmax).mul_(_SCALE_UP).to(torch.bfloat16).masked_fill_(zero, 1.0)
     return g, scales
@@ -179,6 +184,8 @@ def decode(frame: bytes, expect_numel: int | None = None, max_numel: int = 1 << 
         raise CodecError(
             f"{scheme} body of {len(body)} bytes, expected {expected} for {numel} values"
         )
+    if numel == 0:
+        return torch.zeros(0)
     if scheme == "fp32":
         out = torch.frombuffer(bytearray(body), dtype=torch.float32).clone()
     elif scheme == "bf16":
@@ -193,13 +200,16 @@ def decode(frame: bytes, expect_numel: int | None = None, max_numel: int = 1 << 
             else torch.zeros(0, dtype=torch.uint8)
         )
         sf = scales.float()
-        if n_groups and not math.isfinite(sf.max().item()):  # |q| <= qmax: this suffices
+        top = sf.abs().max().item() if n_groups else 0.0
+        if not math.isfinite(top):
             raise CodecError("payload holds non-finite values")
         if scheme == "int4":  # one table lookup unpacks both nibbles of a byte
             q = _INT4_PAIRS[qb.int()].view(-1)[: n_groups * group]
         else:
             q = qb.view(torch.int8).float()
-        return (q.view(n_groups, group) * sf.unsqueeze(1)).view(-1)[:numel]
+        out = (q.view(n_groups, group) * sf.unsqueeze(1)).view(-1)[:numel]
+        if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
+            return out
     if not torch.isfinite(out).all():
         raise CodecError("payload holds non-finite values")
     return out
