@@ -120,16 +120,29 @@ class FragmentPlan:
         return 4 * sum(f.numel for f in self.fragments)
 
 
+def _movable(t: torch.Tensor, device: torch.device) -> bool:
+    """A float32 tensor on `device` that alone owns its storage, contiguous."""
+    return (
+        t.dtype == torch.float32
+        and t.device == device
+        and t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == 4 * t.numel()
+    )
+
+
 class FlatFragments:
     """Each fragment's parameters laid out in one contiguous float32 buffer, in plan order, so
     that taking fragment p (`flatten`) or writing it back (`assign`) is one tensor op instead
     of one per tensor (the learner does both at step boundaries, in the training thread).
 
-    `pack=True` moves the parameters there (`param.data` becomes a view of the buffer: the
-    Parameter objects, their gradients and the optimizer's state keyed by them are kept). A
-    fragment whose tensors are not all float32 on one device is left as it is. Every call
-    checks that the parameters still live in the buffer (e.g. after `model.to(...)`) and
-    otherwise falls back to the per-tensor path of `FragmentPlan`."""
+    The parameters move there (`param.data` becomes a view of the buffer: the Parameter
+    objects, their gradients and the optimizer's state keyed by them are kept). A fragment is
+    left as it is unless every tensor of it is float32 on one device, contiguous, and the sole
+    owner of its storage (a tensor that views a shared buffer, or is laid out channels-last,
+    keeps its layout and aliasing). Every call checks that the parameters still live in the
+    buffer (e.g. after `model.to(...)`) and otherwise falls back to the per-tensor path of
+    `FragmentPlan`."""
 
     def __init__(self, plan: FragmentPlan, params: Mapping[str, torch.Tensor]) -> None:
         self.plan = plan
@@ -139,7 +152,7 @@ class FlatFragments:
         with torch.no_grad():
             for f in plan.fragments:
                 ts = [params[n] for n in f.names]
-                if any(t.dtype != torch.float32 or t.device != ts[0].device for t in ts):
+                if not all(_movable(t, ts[0].device) for t in ts):
                     self.flat.append(None)
                     self._ptrs.append([])
                     continue

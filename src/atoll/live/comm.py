@@ -25,6 +25,7 @@ import ctypes
 import dataclasses
 import math
 import os
+import queue
 import random
 import signal
 import threading
@@ -152,10 +153,13 @@ class Comm:
         self._welcomed = False
         self._finishing = False
         # heartbeats carry the step reports that start the syncer's pull clock: the first
-        # step after a (re)join is reported at once, not up to `heartbeat_s` later
-        self._beat_early = threading.Event()
+        # step after a (re)join, and the opening of the Pulls stream, are reported at once,
+        # not up to `heartbeat_s` later
+        self._beat_now = threading.Event()
         self._beat_steps = 1 << 62  # steps at the last (re)join; huge: nothing to report
+        self._joins = 0  # welcomes received
         self._status_at = 0.0  # monotonic time of the last status item
+        self._status_seq = 0
         self.bulk = open_channel(opts.address, "bulk", opts.tls_ca)
         self.control = open_channel(opts.address, "control", opts.tls_ca)
         self.bulk_stub = pbg.SyncerStub(self.bulk)
@@ -199,8 +203,9 @@ class Comm:
 
     def _on_step(self, st: StepState) -> None:
         self._state = st
-        if not self._beat_early.is_set() and st.steps > self._beat_steps:
-            self._beat_early.set()  # the first step since (re)joining: report it at once
+        if st.steps > self._beat_steps:  # the first step since (re)joining: report it at once
+            self._beat_steps = 1 << 62
+            self._beat_now.set()
         if st.submits:
             with self._out_cv:
                 for s in st.submits:
@@ -220,9 +225,11 @@ class Comm:
 
     def _status(self, **extra: object) -> None:
         self._status_at = time.monotonic()
-        with self._out_cv:
+        with self._out_cv:  # numbered: items from different threads may overtake each other
             queued = len(self._out) + self._in_flight
             received = self._received
+            self._status_seq += 1
+            seq = self._status_seq
         self.sink(
             (
                 "status",
@@ -232,6 +239,7 @@ class Comm:
                     "reconnects": self.reconnects,
                     "queued": queued,
                     "received": received,
+                    "seq": seq,
                     **extra,
                 },
             )
@@ -239,7 +247,7 @@ class Comm:
 
     def close(self) -> None:
         self._closing.set()
-        self._beat_early.set()
+        self._beat_now.set()
         with self._out_cv:
             self._out_cv.notify_all()
         with self._lock:
@@ -360,6 +368,7 @@ class Comm:
                     self.reconnects += 1
                     self.events.emit("reconnected", self.id, heal=w.heal, epoch=w.epoch)
                 self._welcomed = True
+                self._joins += 1
                 st = self._state
                 self._beat_steps = st.steps if st is not None else 0
                 self._status()
@@ -491,9 +500,9 @@ class Comm:
         thread itself (single-threaded unary-stream channel option): no extra wake-ups."""
         backoff = 0.2
         while not self._closing.is_set():
-            if self.schedule != "pull" or not self._connected.is_set():
-                self._closing.wait(0.2)
+            if self.schedule != "pull" or not self._connected.wait(0.2):
                 continue
+            joins = self._joins
             hello = pb.ControlHello(
                 protocol=PROTOCOL, learner=self.id, incarnation=self.o.incarnation
             )
@@ -502,7 +511,9 @@ class Comm:
                 self._ctl_call = call
             try:
                 for msg in call:
-                    backoff = 0.2
+                    if backoff > 0:  # the first message: the syncer registered the stream
+                        backoff = 0.0
+                        self._beat_now.set()  # report our steps now: it can pull us
                     now = time.time()
                     for x in msg.pulls:
                         self.sink(("pull", Pull(x.fragment, x.tick, x.at), now))
@@ -511,9 +522,12 @@ class Comm:
             finally:
                 with self._lock:
                     self._ctl_call = None
+            if self._joins != joins:  # the Join stream reconnected meanwhile: reopen at once
+                backoff = 0.2
+                continue
+            backoff = min(max(backoff, 0.1) * 2, 2.0)
             if self._closing.wait(backoff * random.uniform(0.8, 1.2)):
                 break
-            backoff = min(backoff * 2, 2.0)
 
     # -- heartbeats ---------------------------------------------------------------------------
     def _beat(self, st) -> pb.Beat:
@@ -529,9 +543,8 @@ class Comm:
 
     def _beat_loop(self) -> None:
         while not self._closing.is_set():
-            if self._beat_early.wait(self.o.heartbeat_s):
-                self._beat_early.clear()
-                self._beat_steps = 1 << 62  # no early beat again until the next (re)join
+            if self._beat_now.wait(self.o.heartbeat_s):
+                self._beat_now.clear()
             if self._closing.is_set():
                 return
             st = self._state
@@ -589,24 +602,29 @@ def comm_main(conn: Any, opts: CommOptions, slots: SharedSlots | None = None) ->
     if opts.nice:
         os.nice(opts.nice)
     torch.set_num_threads(1)
-    lock = threading.Lock()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def sink(item: tuple) -> None:
-        if item[0] == "welcome" and slots is not None:  # the fragment sizes, plan order
-            w = pb.Welcome.FromString(item[1])
-            slots.layout([sum(math.prod(t.shape) for t in f.tensors) for f in w.fragments])
-        elif item[0] == "update" and item[2] is not None:
-            u, value = item[1], item[2]
-            if slots is not None and slots.put(slots.down, u.fragment, value):
-                item = ("update", u, IN_SLOT)
-            else:  # numpy pickles plainly; torch would not
-                item = ("update", u, value.numpy())
-        with lock:
+    def sender() -> None:
+        """The only writer of `conn`: a training process that is slow to read (a long step, a
+        stop) blocks this thread, never the communication threads (heartbeats go on)."""
+        while True:
+            item = outbox.get()
+            if item[0] == "welcome" and slots is not None:  # the fragment sizes, plan order
+                w = pb.Welcome.FromString(item[1])
+                slots.layout([sum(math.prod(t.shape) for t in f.tensors) for f in w.fragments])
+            elif item[0] == "update" and item[2] is not None:
+                u, value = item[1], item[2]
+                if slots is not None and slots.put(slots.down, u.fragment, value):
+                    item = ("update", u, IN_SLOT)
+                else:  # numpy pickles plainly; torch would not
+                    item = ("update", u, value.numpy())
             try:
                 conn.send(item)
             except (BrokenPipeError, OSError):
-                pass
+                return
 
+    threading.Thread(target=sender, name="atoll-sender", daemon=True).start()
+    sink = outbox.put
     comm = Comm(dataclasses.replace(opts, parent_pid=os.getppid()), sink)
     comm.start()
     try:

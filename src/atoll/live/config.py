@@ -128,7 +128,9 @@ def resolve_comm(mode: str, learners_here: int, cores: int | None = None) -> str
     76.6% vs 81.0%, rejoin 9.0 s vs 3.7 s)."""
     if mode != "auto":
         return mode
-    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if cores is None:  # the cores this process may run on (affinity), not the host's count
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        cores = cores or os.cpu_count() or 1
     return "process" if cores >= 2 * max(learners_here, 1) else "thread"
 
 

@@ -63,6 +63,8 @@ from atoll.wire import atoll_pb2 as pb
 from atoll.wire.auth import load_secret
 
 COMM_MODES = ("process", "thread")
+# shared slots hold 2 x 4 bytes per parameter; above this (2 GiB) vectors go in the messages
+MAX_SLOT_VALUES = 1 << 28
 _PLACEHOLDER = b"atoll-deferred:"
 
 
@@ -141,6 +143,20 @@ class _ThreadPort:
         self.comm.close()
 
 
+def send_framed(sock: socket.socket, msg: object) -> None:
+    """Write `msg` in multiprocessing.connection's framing (a 4-byte big-endian length, or -1
+    and an 8-byte one, then the pickle), which the child reads with `Connection.recv`: one
+    sendall for a small message."""
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    n = len(data)
+    head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    if n < 1 << 16:
+        sock.sendall(head + data)
+    else:  # no copy of a large pickle
+        sock.sendall(head)
+        sock.sendall(data)
+
+
 class _ProcessPort:
     """The communication side in a child process (`python -m atoll.live.comm`, so the user's
     script is not imported again), over a socket pair read at step boundaries only. Vectors
@@ -152,7 +168,7 @@ class _ProcessPort:
 
         self.slots: SharedSlots | None = None
         fds, shm_args = [], []
-        if hasattr(os, "memfd_create") and total > 0:
+        if hasattr(os, "memfd_create") and 0 < total <= MAX_SLOT_VALUES:
             self.slots, fd = SharedSlots.create(total, nflags)
             fds, shm_args = [fd], [str(fd), str(total), str(nflags)]
         ours, theirs = socket.socketpair()
@@ -184,13 +200,8 @@ class _ProcessPort:
     def send(self, msg: tuple) -> None:
         if self.dead:
             return
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        n = len(data)
-        head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
         try:
-            self.sock.sendall(head + data if n < 1 << 16 else head)
-            if n >= 1 << 16:
-                self.sock.sendall(data)
+            send_framed(self.sock, msg)
         except (BrokenPipeError, OSError):
             self.dead = True
 
@@ -544,14 +555,16 @@ class Learner:
             self._handle(item)
 
     def _status(self, st: dict[str, Any]) -> None:
-        self._comm_status = st
-        self._connected = bool(st.get("connected"))
-        self.bytes_up = int(st.get("bytes_up", self.bytes_up))
-        self.reconnects = int(st.get("reconnects", self.reconnects))
         if st.get("stop"):
             self._stop = True
         if st.get("share") is not None:
             self._share = st["share"]
+        if st.get("seq", 0) < self._comm_status.get("seq", 0):
+            return  # an older snapshot that overtook a newer one: keep the newer counters
+        self._comm_status = st
+        self._connected = bool(st.get("connected"))
+        self.bytes_up = int(st.get("bytes_up", self.bytes_up))
+        self.reconnects = int(st.get("reconnects", self.reconnects))
 
     def _handle(self, item: tuple) -> None:
         proto = self.proto

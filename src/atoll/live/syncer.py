@@ -77,6 +77,7 @@ class _Session:
     notices: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
     reported_step: int = 0  # the step count of its last heartbeat that reached on_progress
+    reported_work_s: float = 0.0  # and its step-seconds then
 
     def put_update(self, u: FragmentUpdate, full: FragmentUpdate | None) -> None:
         """Queue an update; a queued, unsent update of the same fragment is superseded (kept
@@ -523,11 +524,7 @@ class SyncerService(pbg.SyncerServicer):
             known = sess is not None and sess.incarnation == beat.incarnation
             if known:
                 sess.last_seen = now
-                # a step report when it has stepped since the last one: paces the pull clock
-                if beat.step > sess.reported_step and math.isfinite(beat.step_time):
-                    sess.reported_step = beat.step
-                    prog = Progress(beat.learner, beat.step, beat.step_time, now)
-                    self._process(now, self.proto.on_progress(now, prog))
+                self._report_steps(sess, beat, now)
             stop = self.stop_requested
             budget = self.opts.token_budget
             remaining = max(budget - self.total_tokens(), 0)
@@ -540,6 +537,28 @@ class SyncerService(pbg.SyncerServicer):
             remaining=remaining,
             live=live,
         )
+
+    def _report_steps(self, sess: _Session, beat: pb.Beat, now: float) -> None:
+        """The steps a heartbeat reports since the previous one -> `on_progress` (under the
+        lock): one report per step (at most 32), at their mean step time, as the virtual-time
+        driver reports every step. With the pull schedule only once the learner's Pulls
+        stream is open: the pull clock must not tick for a learner that cannot hear it."""
+        k = beat.step - sess.reported_step
+        if k <= 0 or not math.isfinite(beat.work_s):
+            return
+        if self.lcfg.schedule == "pull":
+            ctl = self.controls.get(beat.learner)
+            if ctl is None or ctl.closed or ctl.incarnation != beat.incarnation:
+                return
+        mean = beat.step_time  # the learner's own average: first report of this session
+        if sess.reported_step > 0 and beat.work_s > sess.reported_work_s:
+            mean = (beat.work_s - sess.reported_work_s) / k
+        sess.reported_step, sess.reported_work_s = beat.step, beat.work_s
+        if not (math.isfinite(mean) and mean > 0):
+            return
+        prog = Progress(beat.learner, beat.step, mean, now)
+        for _ in range(min(k, 32)):
+            self._process(now, self.proto.on_progress(now, prog))
 
     def Pulls(self, h: pb.ControlHello, context: grpc.ServicerContext) -> Iterator[pb.ControlDown]:  # noqa: N802
         if h.protocol != PROTOCOL:
@@ -556,6 +575,7 @@ class SyncerService(pbg.SyncerServicer):
                 old.close()
             self.controls[h.learner] = ctl
         context.add_callback(ctl.close)
+        yield pb.ControlDown()  # registered: the learner now reports its steps (a heartbeat)
         try:
             while not ctl.closed and not self.stopping.is_set():
                 pulls = ctl.get(0.5)
