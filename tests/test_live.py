@@ -408,7 +408,7 @@ def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):
         [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(tmp_path), "--run-id",
          RUN, "--tls-cert", cert, "--tls-key", key,
          *_sets(["steps=1000", "learners=1", "schedule=push"])],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         addr_file = tmp_path / "syncer.addr"
