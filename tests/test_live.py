@@ -280,6 +280,11 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
         learner.step(tokens=64)
         time.sleep(0.03)
     rounds_before_flush = status(addr, RUN, SECRET).rounds
+    # an idle learner's communication side sleeps: no thread polls in a loop
+    cpu0 = _comm_cpu_s(learner)
+    time.sleep(1.0)
+    idle_cpu = _comm_cpu_s(learner) - cpu0
+    assert idle_cpu < 0.3, idle_cpu
     learner.finish(timeout=10)
     s = status(addr, RUN, SECRET)
     assert s.rounds >= 4 and min(s.versions) >= 1 and learner.refused == 0
@@ -293,6 +298,16 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
         assert lat and lat[len(lat) // 2] < 0.03, lat  # median below one step (~35 ms here)
     else:
         assert learner.pulls == 0
+
+
+def _comm_cpu_s(learner):
+    """CPU seconds used so far by the learner's communication side (its child process, or
+    this whole process in thread mode)."""
+    if hasattr(learner.port, "proc"):
+        stat = open(f"/proc/{learner.port.proc.pid}/stat").read()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return time.process_time()
 
 
 def _schedule_of(proc):

@@ -25,12 +25,11 @@ import ctypes
 import dataclasses
 import math
 import os
-import queue
 import random
 import signal
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -500,7 +499,10 @@ class Comm:
         thread itself (single-threaded unary-stream channel option): no extra wake-ups."""
         backoff = 0.2
         while not self._closing.is_set():
-            if self.schedule != "pull" or not self._connected.wait(0.2):
+            if self.schedule != "pull":
+                self._closing.wait(0.2)  # push: no Pulls stream (the schedule may change on rejoin)
+                continue
+            if not self._connected.wait(0.2):
                 continue
             joins = self._joins
             hello = pb.ControlHello(
@@ -602,29 +604,37 @@ def comm_main(conn: Any, opts: CommOptions, slots: SharedSlots | None = None) ->
     if opts.nice:
         os.nice(opts.nice)
     torch.set_num_threads(1)
-    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    outbox: deque[tuple] = deque()
+    writing = threading.Lock()
 
-    def sender() -> None:
-        """The only writer of `conn`: a training process that is slow to read (a long step, a
-        stop) blocks this thread, never the communication threads (heartbeats go on)."""
-        while True:
-            item = outbox.get()
-            if item[0] == "welcome" and slots is not None:  # the fragment sizes, plan order
-                w = pb.Welcome.FromString(item[1])
-                slots.layout([sum(math.prod(t.shape) for t in f.tensors) for f in w.fragments])
-            elif item[0] == "update" and item[2] is not None:
-                u, value = item[1], item[2]
-                if slots is not None and slots.put(slots.down, u.fragment, value):
-                    item = ("update", u, IN_SLOT)
-                else:  # numpy pickles plainly; torch would not
-                    item = ("update", u, value.numpy())
+    def send(item: tuple) -> None:
+        if item[0] == "welcome" and slots is not None:  # the fragment sizes, plan order
+            w = pb.Welcome.FromString(item[1])
+            slots.layout([sum(math.prod(t.shape) for t in f.tensors) for f in w.fragments])
+        elif item[0] == "update" and item[2] is not None:
+            u, value = item[1], item[2]
+            if slots is not None and slots.put(slots.down, u.fragment, value):
+                item = ("update", u, IN_SLOT)
+            else:  # numpy pickles plainly; torch would not
+                item = ("update", u, value.numpy())
+        try:
+            conn.send(item)
+        except (BrokenPipeError, OSError):
+            pass
+
+    def sink(item: tuple) -> None:
+        """Queue `item`; whichever thread finds the writer free sends everything queued, in
+        order. A thread that finds it busy (a training process slow to read: a long step, a
+        stop) leaves its item to the writing thread and goes on: heartbeats never wait on the
+        socket. No thread of its own: one wake-up less per item."""
+        outbox.append(item)
+        while outbox and writing.acquire(blocking=False):
             try:
-                conn.send(item)
-            except (BrokenPipeError, OSError):
-                return
+                while outbox:
+                    send(outbox.popleft())
+            finally:
+                writing.release()
 
-    threading.Thread(target=sender, name="atoll-sender", daemon=True).start()
-    sink = outbox.put
     comm = Comm(dataclasses.replace(opts, parent_pid=os.getppid()), sink)
     comm.start()
     try:
