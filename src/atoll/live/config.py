@@ -123,7 +123,7 @@ def resolve_comm(mode: str, learners_here: int, cores: int | None = None) -> str
     """ "auto" -> "process" with at least 2 cores per learner on this machine, else "thread".
 
     Measured (docs/live.md): with cores to spare, a child process per learner keeps the
-    communication off the training loop's GIL (+2.3% per step vs +4.0% for threads); with 4
+    communication off the training loop's GIL (+2.3% per step vs +4 to +5% for threads); with 4
     learners on 2 cores the extra processes cost more than they save (atoll demo: goodput
     76.6% vs 81.0%, rejoin 9.0 s vs 3.7 s)."""
     if mode != "auto":

@@ -18,7 +18,7 @@ that the learner starts and that dies with it: the training process then has no 
 Python thread competing for its GIL, and a step boundary costs one socket write, one read,
 and copies through shared memory slots (atoll.live.shm). `comm="thread"` runs it in
 background threads of this process instead: no second process, but those threads take the GIL
-from the training loop at every message (measured: +4.0% per step of the built-in model
+from the training loop at every message (measured: +4 to +5% per step of the built-in model
 against +2.3% for the child process, one fragment sent per step; BENCHMARKS.md).
 
 Schedules (the syncer's choice, sent in its Welcome): "pull" (default) - the learner's
