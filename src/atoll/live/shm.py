@@ -10,7 +10,10 @@ and sends a small message naming the slot; the consumer copies the vector out an
 byte. A producer that finds its slot still busy (the consumer has not taken the previous
 vector of that fragment) sends the vector inside the message instead, as before: the shared
 slots only save copies through the socket, they never hold anything back. The message over
-the socket, sent after the write, orders the two (system calls are full barriers).
+the socket, sent after the write, orders the two (system calls are full barriers). On the
+consumer side the copy out is a torch op, which releases and retakes the GIL (a mutex:
+release ordering) before the byte is cleared, so the producer cannot see the slot free while
+the copy still reads it, on weakly ordered CPUs too.
 """
 
 from __future__ import annotations
