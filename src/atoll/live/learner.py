@@ -55,6 +55,7 @@ from atoll.core.fragments import FlatFragments, Fragment, FragmentPlan
 from atoll.core.learner import LearnerConfig, LearnerProtocol
 from atoll.core.messages import Contribution, Heal
 from atoll.errors import ConfigError
+from atoll.live import shm
 from atoll.live.comm import IN_SLOT, Comm, CommOptions, StepState, Submit
 from atoll.live.config import resolve_comm
 from atoll.live.eventlog import EventLog
@@ -168,7 +169,7 @@ class _ProcessPort:
 
         self.slots: SharedSlots | None = None
         fds, shm_args = [], []
-        if hasattr(os, "memfd_create") and 0 < total <= MAX_SLOT_VALUES:
+        if shm.available() and 0 < total <= MAX_SLOT_VALUES:
             self.slots, fd = SharedSlots.create(total, nflags)
             fds, shm_args = [fd], [str(fd), str(total), str(nflags)]
         ours, theirs = socket.socketpair()

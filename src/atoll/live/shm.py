@@ -10,18 +10,25 @@ and sends a small message naming the slot; the consumer copies the vector out an
 byte. A producer that finds its slot still busy (the consumer has not taken the previous
 vector of that fragment) sends the vector inside the message instead, as before: the shared
 slots only save copies through the socket, they never hold anything back. The message over
-the socket, sent after the write, orders the two (system calls are full barriers). On the
-consumer side the copy out is a torch op, which releases and retakes the GIL (a mutex:
-release ordering) before the byte is cleared, so the producer cannot see the slot free while
-the copy still reads it, on weakly ordered CPUs too.
+the socket, sent after the write, orders the two (system calls are full barriers). The
+consumer clears the byte with a plain store after its copy: only a CPU that never makes a
+store visible before earlier loads (x86-64, total store order) guarantees the producer cannot
+see the slot free while the copy still reads it, so `available()` offers the slots there
+only; elsewhere every vector goes inside its message.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import platform
 
 import torch
+
+
+def available() -> bool:
+    """Shared slots on this machine: Linux memfd on an x86-64 CPU (see the module notes)."""
+    return hasattr(os, "memfd_create") and platform.machine().lower() in ("x86_64", "amd64")
 
 
 class SharedSlots:
