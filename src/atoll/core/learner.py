@@ -102,9 +102,10 @@ class LearnerProtocol:
         self.outstanding: dict[int, _Outstanding] = {}
         self.pulled: set[int] = set()
 
-    def _flatten(self, p: int) -> torch.Tensor:
+    def _flatten(self, p: int, copy: bool = True) -> torch.Tensor:
+        """Fragment p of the parameters, flat; `copy=False` may return the live buffer."""
         if self.flat is not None:
-            return self.flat.flatten(p)
+            return self.flat.flatten(p, copy)
         return self.plan.flatten(self.params, p)
 
     def _assign(self, p: int, value: torch.Tensor) -> None:
@@ -167,7 +168,7 @@ class LearnerProtocol:
         out = []
         for p in fragments:
             carry = self.cfg.receipt == "carry"  # only then is theta kept past this line
-            theta = self.flat.flatten(p, copy=carry) if self.flat is not None else self._flatten(p)
+            theta = self._flatten(p, copy=carry)
             payload = self.ef.encode(p, self.base[p] - theta)
             self.seq += 1
             self.outstanding[p] = _Outstanding(

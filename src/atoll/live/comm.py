@@ -215,6 +215,10 @@ class Comm:
                     self._out[s.c.fragment] = s
                 self._out_cv.notify()
 
+    def fragment_sizes(self) -> list[int]:
+        """Values per fragment, in plan order (from the newest Welcome)."""
+        return [self._numel[p] for p in sorted(self._numel)]
+
     def request_heal(self) -> None:
         with self._lock:
             self._force_heal = True
@@ -609,8 +613,7 @@ def comm_main(conn: Any, opts: CommOptions, slots: SharedSlots | None = None) ->
 
     def send(item: tuple) -> None:
         if item[0] == "welcome" and slots is not None:  # the fragment sizes, plan order
-            w = pb.Welcome.FromString(item[1])
-            slots.layout([sum(math.prod(t.shape) for t in f.tensors) for f in w.fragments])
+            slots.layout(comm.fragment_sizes())
         elif item[0] == "update" and item[2] is not None:
             u, value = item[1], item[2]
             if slots is not None and slots.put(slots.down, u.fragment, value):

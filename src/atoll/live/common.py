@@ -8,18 +8,14 @@ from pathlib import Path
 import torch
 
 from atoll.core.fragments import FragmentPlan, make_plan
-from atoll.sim.config import SimConfig
+from atoll.sim.config import SimConfig, add_set_argument
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="a .json or .toml file of settings (optional)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change a setting (simulator keys such as learners, steps, codec, and live keys "
+    add_set_argument(
+        p,
+        "change a setting (simulator keys such as learners, steps, codec, and live keys "
         "such as port, chaos, shape_mbps; see docs/live.md)",
     )
 

@@ -63,7 +63,6 @@ from atoll.live.shm import SharedSlots
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire.auth import load_secret
 
-COMM_MODES = ("process", "thread")
 # shared slots hold 2 x 4 bytes per parameter; above this (2 GiB) vectors go in the messages
 MAX_SLOT_VALUES = 1 << 28
 _PLACEHOLDER = b"atoll-deferred:"
@@ -194,6 +193,7 @@ class _ProcessPort:
         # waiting (no poll/select per message)
         self.sock = ours
         self._buf = bytearray()
+        self._ready: deque[tuple] = deque()  # parsed, not yet handed out (by `get`)
         self._chunk = bytearray(1 << 20)  # reused: a fresh 1 MiB bytes per recv costs ~25 us
         self.dead = False
         self.send(("options", opts))
@@ -254,11 +254,13 @@ class _ProcessPort:
                 return True
 
     def get_all(self) -> list[tuple]:
-        """Everything waiting now, with one read of the socket."""
+        """Everything waiting now, with one read of the socket (then a "fatal" item once, if
+        the child is gone)."""
+        out = list(self._ready)
+        self._ready.clear()
         if self.dead:
-            return []
+            return out
         alive = self._read()
-        out = []
         while (msg := self._parse()) is not None:
             out.append(msg)
         if not alive:
@@ -267,25 +269,16 @@ class _ProcessPort:
         return out
 
     def get(self, timeout: float) -> tuple | None:
-        if self.dead:
-            return None
-        msg = self._parse()
-        if msg is not None:
-            return msg
-        alive = self._read()
-        msg = self._parse() if alive else None
-        if msg is None and alive and timeout > 0:
-            until = time.monotonic() + timeout
-            while msg is None and alive:
-                left = until - time.monotonic()
-                if left <= 0 or not select.select([self.sock], [], [], left)[0]:
-                    return None
-                alive = self._read()
-                msg = self._parse()
-        if msg is None and not alive:
-            self.dead = True
-            return ("fatal", "the communication process ended")
-        return msg
+        """The next item, waiting up to `timeout` seconds for one."""
+        until = time.monotonic() + timeout
+        while not self._ready:
+            self._ready.extend(self.get_all())
+            if self._ready or self.dead:
+                break
+            left = until - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                break
+        return self._ready.popleft() if self._ready else None
 
     def close(self) -> None:
         self.send(("close",))
@@ -348,8 +341,6 @@ class Learner:
     ) -> None:
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
-        if comm not in (*COMM_MODES, "auto"):
-            raise ConfigError("comm", comm, f"one of {COMM_MODES} or 'auto'")
         comm = resolve_comm(comm, 1)  # "auto": a child process if this machine has 2+ cores
         if comm == "thread" and switch_interval_s is not None:
             # The communication threads run Python (protobuf, grpc's iterators); with the

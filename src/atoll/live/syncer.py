@@ -147,6 +147,17 @@ class _Control:
             return out
 
 
+def _check_hello(h: pb.Hello | pb.ControlHello, context: grpc.ServicerContext) -> None:
+    """Refuse a stream opened by another protocol version or without a learner identity."""
+    if h.protocol != PROTOCOL:
+        context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"learner speaks protocol {h.protocol}, this syncer {PROTOCOL}",
+        )
+    if not h.learner or not h.incarnation:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner and incarnation are required")
+
+
 class SyncerService(pbg.SyncerServicer):
     def __init__(
         self,
@@ -348,13 +359,7 @@ class SyncerService(pbg.SyncerServicer):
         return all(v in self.proto.history[p] for p, v in enumerate(hello.base_versions))
 
     def Join(self, hello: pb.Hello, context: grpc.ServicerContext) -> Iterator[pb.Down]:  # noqa: N802
-        if hello.protocol != PROTOCOL:
-            context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"learner speaks protocol {hello.protocol}, this syncer {PROTOCOL}",
-            )
-        if not hello.learner or not hello.incarnation:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner and incarnation are required")
+        _check_hello(hello, context)
         now = time.time()
         with self.lock:
             if (
@@ -561,13 +566,7 @@ class SyncerService(pbg.SyncerServicer):
             self._process(now, self.proto.on_progress(now, prog))
 
     def Pulls(self, h: pb.ControlHello, context: grpc.ServicerContext) -> Iterator[pb.ControlDown]:  # noqa: N802
-        if h.protocol != PROTOCOL:
-            context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"learner speaks protocol {h.protocol}, this syncer {PROTOCOL}",
-            )
-        if not h.learner or not h.incarnation:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner and incarnation are required")
+        _check_hello(h, context)
         ctl = _Control(h.learner, h.incarnation)
         with self.lock:
             old = self.controls.get(h.learner)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from atoll.sim.config import add_set_argument
     from atoll.sim.presets import PRESETS
 
     p.add_argument(
@@ -15,14 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="quick",
         help="one of: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()),
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change a setting of every run (see README for the keys)",
-    )
+    add_set_argument(p, "change a setting of every run (see README for the keys)")
     p.add_argument("--json", type=Path, help="write the results JSON here")
     p.add_argument(
         "--out",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, fields
 
@@ -133,6 +134,13 @@ class SimConfig:
         need(0 <= self.downtime_jitter < 1, "downtime_jitter", "a number in [0, 1)")
         self.speed_factors()
         return self
+
+
+def add_set_argument(p: argparse.ArgumentParser, help: str) -> None:
+    """The repeatable `--set KEY=VALUE` option whose values `parse_overrides` reads."""
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
+    )
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, object]:
