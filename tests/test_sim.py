@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from atoll.cli import SUBCOMMANDS
 from atoll.cli import main as atoll_main
 from atoll.sim.baselines import run_data_parallel, run_sync_diloco
 from atoll.sim.config import SimConfig
@@ -153,3 +154,11 @@ def test_bad_settings_stop_with_a_message_naming_them(args, needle, capsys, tmp_
     err = capsys.readouterr().err
     assert rc == 2
     assert needle in err and "not allowed" in err
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_every_subcommand_prints_its_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        atoll_main([command, "--help"])
+    assert done.value.code == 0
+    assert f"usage: atoll {command}" in capsys.readouterr().out

@@ -14,7 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset",
         default="quick",
-        help="one of: " + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()),
+        # argparse formats help with %: a description's "18%" must be written "18%%"
+        help="one of: "
+        + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()).replace("%", "%%"),
     )
     add_set_argument(p, "change a setting of every run (see README for the keys)")
     p.add_argument("--json", type=Path, help="write the results JSON here")
