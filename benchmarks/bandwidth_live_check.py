@@ -22,10 +22,10 @@ import tempfile
 from pathlib import Path
 
 from atoll.bandwidth.model import BandwidthConfig, average_rate, measured_vs_predicted
+from atoll.config import SimConfig
 from atoll.core.fragments import make_plan
 from atoll.model import GPT
-from atoll.sim.config import SimConfig
-from atoll.sim.world import gpt_config
+from atoll.model.recipe import gpt_config
 
 
 def main() -> int:

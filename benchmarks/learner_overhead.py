@@ -46,10 +46,11 @@ import torch
 
 
 def one_repeat(args: argparse.Namespace) -> dict:
+    from atoll.config import SimConfig
     from atoll.live.client import status, wait_ready
     from atoll.live.learner import Learner
-    from atoll.sim.config import SimConfig
-    from atoll.sim.world import DataStream, corpus_for, new_inner_optimizer, new_model, train_step
+    from atoll.model.recipe import load_corpus, new_model
+    from atoll.model.train import DataStream, new_inner_optimizer, train_step
 
     cfg = SimConfig()
     secret = secrets.token_hex(16)
@@ -70,7 +71,7 @@ def one_repeat(args: argparse.Namespace) -> dict:
         wait_ready(addr, "bench", secret)
         model = new_model(cfg)
         opt = new_inner_optimizer(model, cfg)
-        data = DataStream(cfg, corpus_for(cfg), 0)
+        data = DataStream(cfg, load_corpus(cfg), 0)
         learner = Learner(model, opt, addr, learner_id="B0", run_id="bench",
                           secret=secret, comm=args.comm,
                           switch_interval_s=args.switch_interval)  # fmt: skip
@@ -161,7 +162,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/learner_overhead.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from atoll.sim.config import SimConfig
+    from atoll.config import SimConfig
 
     cfg = SimConfig()
     repeats = []

@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from atoll.sim.config import SimConfig
+from atoll.config import SimConfig
 from atoll.sim.runner import run_one
 
 VARIANTS: dict[str, dict[str, object]] = {

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from atoll.core import codec
+from atoll.eventlog import read_events
 from atoll.live.client import status, wait_ready
-from atoll.live.eventlog import read_events
 from atoll.wire import PROTOCOL
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pbg
@@ -252,9 +252,9 @@ def test_sender_killed_mid_transfer_leaves_no_partial_contribution(syncer):
     ("syncer", "comm"), [("pull", "thread"), ("push", "process")], indirect=["syncer"]
 )
 def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
+    from atoll.config import SimConfig
     from atoll.live.learner import Learner
-    from atoll.sim.config import SimConfig
-    from atoll.sim.world import new_model
+    from atoll.model.recipe import new_model
 
     addr, run_dir, proc = syncer
     cfg = SimConfig(n_layer=1, d_model=16, n_head=2, context=16, batch=4, P=4, H=4)
@@ -413,9 +413,9 @@ def _self_signed(tmp_path):
 def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):
     """`atoll syncer --tls-cert --tls-key`: a learner given the CA heals, trains and its
     rounds merge; a plaintext client gets nothing."""
+    from atoll.config import SimConfig
     from atoll.live.learner import Learner
-    from atoll.sim.config import SimConfig
-    from atoll.sim.world import new_model
+    from atoll.model.recipe import new_model
 
     cert, key = _self_signed(tmp_path)
     env = {**os.environ, "ATOLL_SECRET": SECRET}

@@ -1,5 +1,7 @@
 """The learner and syncer state machines, driven by hand with explicit times."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -7,7 +9,7 @@ from atoll.core import codec
 from atoll.core.events import Event
 from atoll.core.fragments import make_plan
 from atoll.core.learner import LearnerConfig, LearnerProtocol
-from atoll.core.messages import Contribution, FragmentUpdate, Heal, Send, SetTimer
+from atoll.core.messages import Contribution, FragmentUpdate, Heal, Outgoing, Send, SetTimer
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.errors import ConfigError
 
@@ -23,7 +25,8 @@ def setup(
         plan,
         [plan.flatten(init, p) for p in range(2)],
         SyncerConfig(
-            quorum=quorum, grace=grace, tau=tau, outer="sgd", outer_lr=1.0, schedule=schedule, **kw
+            **{"quorum": quorum, "grace": grace, "tau": tau, "outer": "sgd", "outer_lr": 1.0,
+               "schedule": schedule, **kw}  # fmt: skip
         ),
     )
     learners = []
@@ -41,6 +44,26 @@ def setup(
     return plan, syncer, learners
 
 
+_ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def encoded(lp, outputs):
+    """A driver's part: the learner's `Outgoing` deltas encoded, in send order, by its own
+    encoder (error feedback included)."""
+    cfg = lp.cfg
+    enc = _ENCODERS.setdefault(
+        lp, codec.ContributionEncoder(cfg.codec, cfg.group, cfg.error_feedback)
+    )
+    return [
+        Send(o.to, enc.encode(o.message)) if isinstance(o.message, Outgoing) else o
+        for o in outputs
+    ]
+
+
+def step(lp, now, tokens, step_time):
+    return encoded(lp, lp.on_step(now, tokens, step_time))
+
+
 def sends(outputs):
     return [o for o in outputs if isinstance(o, Send)]
 
@@ -48,7 +71,7 @@ def sends(outputs):
 def test_learner_sends_scheduled_fragment_with_counters():
     plan, syncer, (l0, _) = setup()
     l0.params["a"] += 1.0  # local progress on fragment of "a"
-    out = l0.on_step(1.0, tokens=100, step_time=1.0)
+    out = step(l0, 1.0, tokens=100, step_time=1.0)
     assert len(out) == 1
     c = out[0].message
     assert isinstance(c, Contribution) and c.steps == 1 and c.tokens == 100
@@ -61,7 +84,7 @@ def test_quorum_one_closes_at_once_and_merge_applies_outer_step():
     p = plan.due(1)[0]
     name = plan.fragments[p].names[0]
     l0.params[name] += 2.0
-    c = l0.on_step(1.0, 10, 1.0)[0].message
+    c = step(l0, 1.0, 10, 1.0)[0].message
     out = syncer.on_contribution(1.1, c)
     updates = sends(out)
     assert {s.to for s in updates} == {"L0", "L1"}
@@ -77,8 +100,8 @@ def test_quorum_two_waits_for_second_learner_and_weights_by_tokens():
     name = plan.fragments[p].names[0]
     l0.params[name] += 1.0
     l1.params[name] += 4.0
-    c0 = l0.on_step(1.0, 300, 1.0)[0].message  # 300^2/1 = 90000
-    c1 = l1.on_step(1.0, 100, 1.0)[0].message  # 100^2/1 = 10000
+    c0 = step(l0, 1.0, 300, 1.0)[0].message  # 300^2/1 = 90000
+    c1 = step(l1, 1.0, 100, 1.0)[0].message  # 100^2/1 = 10000
     assert sends(syncer.on_contribution(1.1, c0)) == []
     out = syncer.on_contribution(1.2, c1)
     assert len(sends(out)) == 2
@@ -92,13 +115,13 @@ def test_quorum_two_waits_for_second_learner_and_weights_by_tokens():
 def test_grace_window_keeps_round_open_then_timer_closes_it():
     plan, syncer, (l0, l1) = setup(quorum=1, grace=True, n=2, tau=1)
     syncer.grace.step.update(1.0)  # measured step time 1 s, tau=1 -> slack 1 s, window 0.5 s
-    c = l0.on_step(1.0, 10, 1.0)[0].message
+    c = step(l0, 1.0, 10, 1.0)[0].message
     out = syncer.on_contribution(1.0, c)
     timers = [o for o in out if isinstance(o, SetTimer)]
     assert len(timers) == 1 and not sends(out)
     assert 1.0 < timers[0].at <= 2.0
     # second learner arrives inside the window: everyone is in, the round closes at once
-    c1 = l1.on_step(1.2, 10, 1.0)[0].message
+    c1 = step(l1, 1.2, 10, 1.0)[0].message
     out = syncer.on_contribution(1.3, c1)
     closed = [o for o in out if isinstance(o, Event) and o.kind == "round_closed"][0]
     assert closed.data["participants"] == ["L0", "L1"]
@@ -107,13 +130,13 @@ def test_grace_window_keeps_round_open_then_timer_closes_it():
 
 def test_learner_blocks_until_answer_then_applies_after_tau():
     plan, syncer, (l0, l1) = setup(quorum=2, tau=1)
-    c0 = l0.on_step(1.0, 10, 1.0)[0].message
+    c0 = step(l0, 1.0, 10, 1.0)[0].message
     assert l0.blocked() == []  # tau=1: one more step may run while the fragment travels
-    l0.on_step(2.0, 10, 1.0)
+    step(l0, 2.0, 10, 1.0)
     assert c0.fragment in l0.blocked()  # ... but not two
     out = syncer.on_contribution(1.1, c0)
     assert not sends(out)
-    c1 = l1.on_step(1.0, 10, 1.0)[0].message
+    c1 = step(l1, 1.0, 10, 1.0)[0].message
     for s in sends(syncer.on_contribution(1.2, c1)):
         [l0, l1][int(s.to[1])].on_update(1.3, s.message)
     assert c0.fragment not in l0.blocked()
@@ -128,7 +151,7 @@ def test_on_update_with_a_decoded_value_matches_decoding_the_payload():
     runs = []
     for pass_value in (False, True):
         plan, syncer, (l0, _) = setup(quorum=1, tau=1, codec_name="int4")
-        c = l0.on_step(1.0, 10, 1.0)[0].message
+        c = step(l0, 1.0, 10, 1.0)[0].message
         upd = sends(syncer.on_contribution(1.1, c))[0].message
         p = upd.fragment
         value = codec.decode(upd.payload, plan.fragments[p].numel) if pass_value else None
@@ -137,7 +160,7 @@ def test_on_update_with_a_decoded_value_matches_decoding_the_payload():
                 l0.on_update(1.2, upd, torch.zeros(plan.fragments[p].numel + 1))
         l0.on_update(1.2, upd, value)
         assert l0.outstanding[p].answered
-        l0.on_step(2.0, 10, 1.0)
+        step(l0, 2.0, 10, 1.0)
         l0.apply_due(2.1)
         runs.append(l0)
     a, b = runs
@@ -148,7 +171,7 @@ def test_on_update_with_a_decoded_value_matches_decoding_the_payload():
 
 def test_carry_keeps_local_progress_since_send():
     plan, syncer, (l0, _) = setup(quorum=1, receipt="carry", n=2, tau=1)
-    c = l0.on_step(1.0, 10, 1.0)[0].message
+    c = step(l0, 1.0, 10, 1.0)[0].message
     p = c.fragment
     name = plan.fragments[p].names[0]
     upd = sends(syncer.on_contribution(1.1, c))[0].message
@@ -160,7 +183,7 @@ def test_carry_keeps_local_progress_since_send():
 
 def test_refused_contributions_leave_global_state_untouched():
     plan, syncer, (l0, _) = setup()
-    c = l0.on_step(1.0, 10, 1.0)[0].message
+    c = step(l0, 1.0, 10, 1.0)[0].message
     before = [t.clone() for t in syncer.theta]
     bad = [
         Contribution(**{**c.__dict__, "payload": c.payload[:-1] + bytes([c.payload[-1] ^ 1])}),
@@ -180,14 +203,14 @@ def test_refused_contributions_leave_global_state_untouched():
 def test_delta_broadcast_keeps_exact_global_and_tracks_it_on_learners():
     plan, syncer, (l0, l1) = setup(quorum=1, down_codec="int4", n=2)
     g = torch.Generator().manual_seed(0)
-    for step in range(1, 41):
+    for k in range(1, 41):
         for lp in (l0, l1):
             for t in lp.params.values():
                 t += 0.01 * torch.randn(t.shape, generator=g)
-            for s in lp.on_step(float(step), 10, 1.0):
-                for o in sends(syncer.on_contribution(step + 0.1, s.message)):
-                    [l0, l1][int(o.to[1])].on_update(step + 0.2, o.message)
-            lp.apply_due(step + 0.3)
+            for s in step(lp, float(k), 10, 1.0):
+                for o in sends(syncer.on_contribution(k + 0.1, s.message)):
+                    [l0, l1][int(o.to[1])].on_update(k + 0.2, o.message)
+            lp.apply_due(k + 0.3)
     for p in range(plan.P):
         assert l0.latest_version[p] == syncer.version[p]
         # learners' copy equals the syncer's public copy exactly, and tracks the exact value
@@ -202,7 +225,7 @@ def test_stepping_before_heal_is_an_error():
         "L0", plan, {k: torch.zeros(s) for k, s in SHAPES.items()}, LearnerConfig(tau=1)
     )
     with pytest.raises(RuntimeError, match="heal"):
-        lp.on_step(0.0, 1, 1.0)
+        step(lp, 0.0, 1, 1.0)
 
 
 def test_heal_overwrites_local_parameters():
@@ -220,7 +243,7 @@ def test_heal_overwrites_local_parameters():
 
 def test_pull_schedule_paces_rounds_by_measured_step_time():
     plan, syncer, (l0, l1) = setup(schedule="pull", quorum=2)
-    out = l0.on_step(0.5, 10, 0.5)  # no pull yet: only a progress report
+    out = step(l0, 0.5, 10, 0.5)  # no pull yet: only a progress report
     assert [type(o.message).__name__ for o in out] == ["Progress"]
     timers = [o for o in syncer.on_progress(0.6, out[0].message) if isinstance(o, SetTimer)]
     assert timers and timers[0].key == ("pull", 0)
@@ -234,8 +257,8 @@ def test_pull_schedule_paces_rounds_by_measured_step_time():
     for s in sent:
         [l0, l1][int(s.to[1])].on_pull(0.7, s.message)
     # each learner answers at its next step boundary, whatever its step count
-    c0 = [o.message for o in l0.on_step(1.0, 10, 0.5) if isinstance(o.message, Contribution)]
-    c1 = [o.message for o in l1.take_pulled(1.3)]
+    c0 = [o.message for o in step(l0, 1.0, 10, 0.5) if isinstance(o.message, Contribution)]
+    c1 = [o.message for o in encoded(l1, l1.take_pulled(1.3))]
     assert [c.fragment for c in c0] == [frag] and [c.fragment for c in c1] == [frag]
     assert c0[0].steps == 2 and c1[0].steps == 0
     assert not sends(syncer.on_contribution(1.1, c0[0]))

@@ -6,8 +6,8 @@ import pytest
 
 from atoll.cli import SUBCOMMANDS
 from atoll.cli import main as atoll_main
+from atoll.config import SimConfig
 from atoll.sim.baselines import run_data_parallel, run_sync_diloco
-from atoll.sim.config import SimConfig
 from atoll.sim.decoupled import DecoupledSim
 from atoll.sim.presets import PRESETS
 from atoll.sim.runner import run_preset

@@ -5,14 +5,15 @@ import math
 import pytest
 import torch
 
+from atoll.config import build, split_overrides
 from atoll.core import codec
 from atoll.core.fragments import make_plan
 from atoll.core.messages import Contribution
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.errors import ConfigError
-from atoll.live.config import build, resolve_comm, split_overrides
+from atoll.live.comm_mode import resolve_comm
 from atoll.live.launcher import parse_chaos
-from atoll.live.store import Tape, commit_record, read_records, restore, write_snapshot
+from atoll.live.syncer.store import Tape, commit_record, read_records, restore, write_snapshot
 from atoll.wire.auth import load_secret
 from atoll.wire.chunks import Assembler, TransferError, crc32, split
 
@@ -138,7 +139,8 @@ def test_snapshot_plus_tape_restores_exact_state(tmp_path, outer):
         p = i % plan.P
         tape.append(commit_record(live, tape.next_seq, p, {"n": i}))
         if i == 6:  # snapshot midway, then the tape continues in a new segment
-            write_snapshot(tmp_path / "snap.safetensors", live, tape.next_seq, {"n": i}, 8)
+            state = live.state_dict(8)
+            write_snapshot(tmp_path / "snap.safetensors", state, tape.next_seq, {"n": i})
             tape.open_segment(tape.next_seq)
     tape.close()
     back = make()
@@ -180,37 +182,39 @@ def test_torn_tape_record_is_ignored(tmp_path):
     assert not math.isnan(float(back.theta[0].sum()))
 
 
-def test_deferred_encoding_matches_error_feedback_and_drops_obsolete_vectors():
-    """The training side keeps plain copies (DeferredEncoder); the communication side encodes
-    them later with the error feedback: the frames equal the core's, in order, and a heal
-    (reset) makes older vectors obsolete."""
-    from atoll.core.messages import Contribution
-    from atoll.live.comm import Comm, CommOptions, Submit
-    from atoll.live.learner import DeferredEncoder
+def test_comm_side_encodes_in_send_order_and_drops_obsolete_contributions():
+    """The training side hands over plain deltas (`Outgoing`); the communication side encodes
+    them later with its ContributionEncoder: the frames equal the core's error feedback, in
+    order, and a heal (`Reset`, a newer generation) makes older ones obsolete. In its queue a
+    newer send of a fragment supersedes a queued one and carries its work."""
+    from atoll.core.messages import Outgoing
+    from atoll.live.comm import Comm, CommOptions
+    from atoll.live.comm.uplink import Pending
+    from atoll.live.learner.messages import Reset, StepState, Submit
 
     torch.manual_seed(0)
     xs = [torch.randn(300) for _ in range(4)]
     ref = codec.ErrorFeedback("int4", 64, True)
-    enc = DeferredEncoder()
     comm = Comm(CommOptions("127.0.0.1:1", "T0", "inc", "run", "secret-123"), [].append)
-    comm.ef = codec.ErrorFeedback("int4", 64, True)
-    c = Contribution("T0", 1, 1, 0, b"", 1, 1, 0.0, 0.0)
+    comm.link.encoder = codec.ContributionEncoder("int4", 64, True)
 
-    def submit(token: bytes) -> Submit:
-        vec = enc.take(token)
-        return Submit(c, 0.0, vec.numpy().tobytes(), enc.generation)
+    def out(p: int, x: torch.Tensor, generation: int = 0) -> Outgoing:
+        return Outgoing("T0", p, 1, 0, 1, 1, 0.0, 0.0, 0.5, generation, x)
 
-    tokens = [enc.encode(1, x) for x in xs]  # what the protocol does at step boundaries
-    assert all(t.startswith(b"atoll-deferred:") for t in tokens) and len(set(tokens)) == 4
-    for x, t in zip(xs, tokens, strict=True):  # what the up thread does later, in order
-        out = comm._encode(submit(t))
-        assert out.vector is None and out.c.payload == ref.encode(1, x)  # same frames
-    assert enc.take(tokens[0]) is None  # each vector is handed out once
-    stale = submit(enc.encode(2, xs[0]))
-    enc.reset()  # a heal: a new generation
-    comm.command(("reset", enc.generation))
-    assert comm._encode(stale) is None  # dropped, not sent
-    out = comm._encode(submit(enc.encode(1, xs[1])))  # residuals start over
-    assert out.c.payload == codec.ErrorFeedback("int4", 64, True).encode(1, xs[1])
-    comm.bulk.close()
-    comm.control.close()
+    for x in xs:  # what the up thread does, in send order
+        c = comm.up.encode(Pending(out(1, x))).encoded
+        assert c.payload == ref.encode(1, x) and c.work_s == 0.5  # same frames
+    again = comm.up.encode(Pending(out(1, xs[0])))
+    assert comm.up.encode(again) is again  # a retry sends the same frame, not encoded again
+    stale = Pending(out(2, xs[0]))
+    comm.command(Reset(1))  # a heal: a new generation
+    assert comm.up.encode(stale) is None  # dropped, not sent
+    c = comm.up.encode(Pending(out(1, xs[1], generation=1))).encoded  # residuals start over
+    assert c.payload == codec.ErrorFeedback("int4", 64, True).encode(1, xs[1])
+    for i in (0, 1):
+        sub = (Submit(out(3, xs[i], generation=1)),)
+        comm.command(StepState(i + 1, 64 * (i + 1), 0.5 * (i + 1), 0.5, (0,), (0,), sub))
+    item = comm.link.queue.take()
+    assert item.outgoing.delta is xs[1] and item.outgoing.work_s == 1.0
+    assert comm.link.queue.counts()[:2] == (1, 2)  # one in flight, two handed over
+    comm.link.close_channels()

@@ -22,11 +22,15 @@ import math
 import struct
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import zstandard
 
 from atoll.errors import ConfigError
+
+if TYPE_CHECKING:
+    from atoll.core.messages import Contribution, Outgoing
 
 SCHEMES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
 # byte b of an int4 body holds two values: low nibble - 8, then high nibble - 8
@@ -250,3 +254,21 @@ class ErrorFeedback:
             self.residual.clear()
         else:
             self.residual.pop(key, None)
+
+
+class ContributionEncoder:
+    """A learner's encoder, owned by its driver: encodes `Outgoing` contributions in send
+    order with error feedback. A newer heal generation starts the residuals over; an
+    `Outgoing` of an older generation is obsolete (the heal replaced its base): None."""
+
+    def __init__(self, scheme: str, group: int = 64, error_feedback: bool = True) -> None:
+        self.ef = ErrorFeedback(check_scheme(scheme), group, error_feedback)
+        self.generation = 0
+
+    def encode(self, o: Outgoing) -> Contribution | None:
+        if o.generation < self.generation:
+            return None
+        if o.generation > self.generation:
+            self.ef.reset()
+            self.generation = o.generation
+        return o.encoded(self.ef.encode(o.fragment, o.delta))

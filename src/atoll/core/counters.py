@@ -57,3 +57,13 @@ class FragmentCounters:
 
     def weight(self, p: int) -> float:
         return token_weight(self.tokens_of(p), self.steps_of(p))
+
+    def state_dict(self) -> dict:
+        return {"total": (self.total_steps, self.total_tokens), "start": (list(self._steps0),
+                list(self._tokens0))}  # fmt: skip
+
+    def load_state_dict(self, st: dict) -> None:
+        if len(st["start"][0]) != self.P:
+            raise ValueError(f"counters of {len(st['start'][0])} fragments, expected {self.P}")
+        self.total_steps, self.total_tokens = st["total"]
+        self._steps0, self._tokens0 = list(st["start"][0]), list(st["start"][1])

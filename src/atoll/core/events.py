@@ -1,30 +1,337 @@
-"""The one event stream. Every component emits `Event`s; metrics, logs and reports read them.
+"""The one event stream: a closed set of typed records, written by both drivers.
 
-Kinds and their data fields:
-    step            learner step finished: step, tokens, step_time (emitted by drivers, sampled)
-    sent            learner sent fragment: fragment, seq, base_version, bytes, steps, tokens
-    refused         syncer refused a contribution: learner, fragment, reason
+Every component emits `Event(t, source, record)`; metrics (atoll.metrics), logs
+(atoll.eventlog) and reports read them. `t` is virtual seconds in the simulator and wall-clock
+seconds in a live run; `source` is "syncer", "launcher" or a learner id. On disk an event is
+`{"t", "kind", "source", "data"}`; fields left at None are not written.
+
+This module is the whole vocabulary: a kind not defined here cannot be emitted
+(`Event.make` raises), and a record's fields are its dataclass fields.
+
+Protocol (atoll.core):
+    joined          syncer admitted a learner: learner, [incarnation, heal (False: it resumed)]
+    lost            syncer dropped a learner: learner, [why]
+    accepted        syncer took a contribution: learner, fragment, seq, bytes, work_s
+    refused         syncer refused a contribution: learner, fragment, reason, [code]
     round_closed    syncer merged a fragment: fragment, version, participants [ids], weights,
                     staleness [rounds], quorum_wait_s, grace_s, bytes_in, bytes_out
+    healed          learner loaded every global fragment: [versions, incarnation, since_start_s]
     applied         learner applied a global fragment: fragment, version, mode
-    blocked         learner waited for a fragment: fragment, wait_s
+Drivers (virtual-time and live learners):
+    sent            learner sent a fragment: fragment, seq, base_version, bytes, steps, tokens
+    blocked         learner waited at a step boundary: wait_s
     failed          learner failed: lost_steps_s (work since its last send, lost)
     rejoined        learner healed and training again: downtime_s
-    healed          learner loaded the global fragments: versions
+    training        live learner's first step: incarnation, since_start_s
+    step            live learner, every 50 steps: incarnation, step, tokens, step_time, pulls,
+                    pull_latency_ms
+Live learner's communication side:
+    heal_needed, comm_fatal, refused_by_syncer (reason); push_refused (fragment, reason);
+    push_failed (fragment, error); transfer_error (error); disconnected (retry_in_s);
+    reconnected (heal, epoch)
+Live syncer:
+    syncer_started (port, epoch, restored); syncer_stopped (rounds); restored (snapshot_records,
+    replayed, rounds_closed, versions, lost_committed_rounds); snapshot (tape_next, rounds);
+    seen_check (learner, lost_committed_rounds); transfer_broken (learner, fragment, error);
+    auth_refused (method, reason)
+Launcher:
+    run_started (run_id, address); run_ended (interrupted); timeout (max_wall_s);
+    started, restarted (process, pid); crashed (process, rc); chaos (action, process, duration_s)
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+KINDS: dict[str, type[Record]] = {}
+
+
+class Record:
+    """The data of one event kind. Fields read as attributes, or as `record["field"]`."""
+
+    KIND: ClassVar[str] = ""
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+def _kind(name: str):
+    def wrap(cls: type) -> type:
+        cls = dataclass(frozen=True)(cls)
+        cls.KIND = name
+        if name in KINDS:
+            raise ValueError(f"event kind {name!r} defined twice")
+        KINDS[name] = cls
+        return cls
+
+    return wrap
+
+
+# -- protocol -------------------------------------------------------------------------------
+@_kind("joined")
+class Joined(Record):
+    learner: str
+    incarnation: str | None = None
+    heal: bool | None = None
+
+
+@_kind("lost")
+class Lost(Record):
+    learner: str
+    why: str | None = None
+
+
+@_kind("accepted")
+class Accepted(Record):
+    learner: str
+    fragment: int
+    seq: int
+    bytes: int
+    work_s: float
+
+
+@_kind("refused")
+class Refused(Record):
+    learner: str
+    fragment: int
+    reason: str
+    code: str | None = None
+
+
+@_kind("round_closed")
+class RoundClosed(Record):
+    fragment: int
+    version: int
+    participants: list
+    weights: list
+    staleness: list
+    quorum_wait_s: float
+    grace_s: float
+    bytes_in: int
+    bytes_out: int
+
+
+@_kind("healed")
+class Healed(Record):
+    versions: list | None = None
+    incarnation: str | None = None
+    since_start_s: float | None = None
+
+
+@_kind("applied")
+class Applied(Record):
+    fragment: int
+    version: int
+    mode: str
+
+
+# -- drivers: learners -------------------------------------------------------------------------
+@_kind("sent")
+class Sent(Record):
+    fragment: int
+    seq: int
+    base_version: int
+    bytes: int
+    steps: int
+    tokens: int
+
+
+@_kind("blocked")
+class Blocked(Record):
+    wait_s: float
+
+
+@_kind("failed")
+class Failed(Record):
+    lost_steps_s: float
+
+
+@_kind("rejoined")
+class Rejoined(Record):
+    downtime_s: float
+
+
+@_kind("training")
+class Training(Record):
+    incarnation: str
+    since_start_s: float
+
+
+@_kind("step")
+class Step(Record):
+    incarnation: str
+    step: int
+    tokens: int
+    step_time: float | None
+    pulls: int
+    pull_latency_ms: float | None
+
+
+# -- live learner's communication side --------------------------------------------------------
+@_kind("heal_needed")
+class HealNeeded(Record):
+    reason: str
+
+
+@_kind("comm_fatal")
+class CommFatal(Record):
+    reason: str
+
+
+@_kind("refused_by_syncer")
+class RefusedBySyncer(Record):
+    reason: str
+
+
+@_kind("push_refused")
+class PushRefused(Record):
+    fragment: int
+    reason: str
+
+
+@_kind("push_failed")
+class PushFailed(Record):
+    fragment: int
+    error: str
+
+
+@_kind("transfer_error")
+class TransferFailed(Record):
+    error: str
+
+
+@_kind("disconnected")
+class Disconnected(Record):
+    retry_in_s: float
+
+
+@_kind("reconnected")
+class Reconnected(Record):
+    heal: bool
+    epoch: str
+
+
+# -- live syncer ---------------------------------------------------------------------------
+@_kind("syncer_started")
+class SyncerStarted(Record):
+    port: int
+    epoch: str
+    restored: bool
+
+
+@_kind("syncer_stopped")
+class SyncerStopped(Record):
+    rounds: int
+
+
+@_kind("restored")
+class Restored(Record):
+    snapshot_records: int
+    replayed: int
+    rounds_closed: int
+    versions: list
+    lost_committed_rounds: int
+
+
+@_kind("snapshot")
+class Snapshot(Record):
+    tape_next: int
+    rounds: int
+
+
+@_kind("seen_check")
+class SeenCheck(Record):
+    learner: str
+    lost_committed_rounds: int
+
+
+@_kind("transfer_broken")
+class TransferBroken(Record):
+    learner: str
+    fragment: int
+    error: str
+
+
+@_kind("auth_refused")
+class AuthRefused(Record):
+    method: str
+    reason: str
+
+
+# -- launcher -----------------------------------------------------------------------------
+@_kind("run_started")
+class RunStarted(Record):
+    run_id: str
+    address: str
+
+
+@_kind("run_ended")
+class RunEnded(Record):
+    interrupted: bool
+
+
+@_kind("timeout")
+class Timeout(Record):
+    max_wall_s: float
+
+
+@_kind("started")
+class Started(Record):
+    process: str
+    pid: int
+
+
+@_kind("restarted")
+class Restarted(Record):
+    process: str
+    pid: int
+
+
+@_kind("crashed")
+class Crashed(Record):
+    process: str
+    rc: int
+
+
+@_kind("chaos")
+class Chaos(Record):
+    action: str
+    process: str
+    duration_s: float
 
 
 @dataclass(frozen=True)
 class Event:
     t: float
-    kind: str
     source: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Record
+
+    @property
+    def kind(self) -> str:
+        return self.data.KIND
+
+    @staticmethod
+    def make(t: float, kind: str, source: str, **fields: Any) -> Event:
+        """An event of a named kind; unknown kinds and fields are refused (TypeError/KeyError
+        naming them)."""
+        cls = KINDS.get(kind)
+        if cls is None:
+            raise KeyError(f"event kind {kind!r} is not one of atoll.core.events.KINDS")
+        return Event(t, source, cls(**fields))
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Event:
+        return Event.make(d["t"], d["kind"], d["source"], **d.get("data", {}))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"t": self.t, "kind": self.kind, "source": self.source, "data": self.data.to_dict()}

@@ -21,6 +21,11 @@ When fragments are sent (`schedule`):
   after every step.
 - "push": the learner sends p after its own step s with s mod H == t_p. Learners of different
   speeds then drift out of phase, and rounds gather them only if the syncer waits.
+
+Encoding is the driver's: a send is an `Outgoing` (the raw delta and its counters); the driver
+encodes it with its `codec.ContributionEncoder` in send order. Goodput's books are kept here:
+each step's time is split evenly over the P fragments, and a send carries (`work_s`) the
+fragment's share since its previous send; `final_flush` sends every fragment with unsent work.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ import torch
 
 from atoll.core import codec
 from atoll.core.counters import FragmentCounters
-from atoll.core.events import Event
+from atoll.core.events import Applied, Event, Healed
 from atoll.core.fragments import FlatFragments, FragmentPlan
 from atoll.core.grace import EMA
-from atoll.core.messages import Contribution, FragmentUpdate, Heal, Progress, Pull, Send
+from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Progress, Pull, Send
 from atoll.core.receipt import check_mode, receive
 from atoll.errors import ConfigError
 
@@ -92,8 +97,10 @@ class LearnerProtocol:
         self.step = 0
         self.seq = 0
         self.counters = FragmentCounters(plan.P)
-        self.ef = codec.ErrorFeedback(self.cfg.codec, self.cfg.group, self.cfg.error_feedback)
+        self.generation = 0  # heals so far: the driver's encoder starts over at each
         self.step_time = EMA(0.1)
+        self.work_s = 0.0  # step-seconds since this learner started
+        self.unsent = [0.0] * plan.P  # step-seconds per fragment not yet sent
         self.healed = False
         self.base: list[torch.Tensor] = []  # global value each fragment's theta is based on
         self.base_version: list[int] = []
@@ -133,9 +140,10 @@ class LearnerProtocol:
             self.counters.reset(p)
         self.outstanding.clear()
         self.pulled.clear()
-        self.ef.reset()
+        self.unsent = [0.0] * self.plan.P  # overwritten by the heal: that work is lost
+        self.generation += 1
         self.healed = True
-        return [Event(now, "healed", self.id, {"versions": list(self.base_version)})]
+        return [Event(now, self.id, Healed(versions=list(self.base_version)))]
 
     def on_step(self, now: float, tokens: int, step_time: float) -> list[Send]:
         """A local step finished; returns the contributions now due (and, when pulled, a
@@ -145,9 +153,14 @@ class LearnerProtocol:
         self.step += 1
         self.step_time.update(step_time)
         self.counters.add_step(tokens)
+        self.work_s += step_time
+        share = step_time / self.plan.P
+        unsent = self.unsent
+        for p in range(self.plan.P):
+            unsent[p] += share
         if self.cfg.schedule == "push":
             return self.send_now(now, self.plan.due(self.step))
-        progress = Send("syncer", Progress(self.id, self.step, step_time, now))
+        progress = Send("syncer", Progress(self.id, self.step, step_time, now, self.work_s))
         return [progress, *self.take_pulled(now)]
 
     def on_pull(self, now: float, pull: Pull) -> None:
@@ -163,13 +176,27 @@ class LearnerProtocol:
         due, self.pulled = sorted(self.pulled), set()
         return self.send_now(now, due)
 
+    def final_flush(self, now: float) -> list[Send]:
+        """The end of this learner's run: every fragment with unsent work, once."""
+        self.pulled.clear()
+        return self.send_now(now, [p for p in range(self.plan.P) if self.unsent[p] > 0])
+
+    def unsent_work(self, p: int | None = None) -> float:
+        """Step-seconds not yet sent: of fragment p, or of all fragments (lost if it dies)."""
+        return sum(self.unsent) if p is None else self.unsent[p]
+
+    def all_answered(self) -> bool:
+        return all(r.answered for r in self.outstanding.values())
+
     def send_now(self, now: float, fragments: list[int]) -> list[Send]:
-        """Contributions for `fragments` now (the schedule's, or a final flush)."""
+        """Contributions for `fragments` now (the schedule's, or a final flush), as `Outgoing`
+        deltas for the driver to encode."""
         out = []
         for p in fragments:
             carry = self.cfg.receipt == "carry"  # only then is theta kept past this line
             theta = self._flatten(p, copy=carry)
-            payload = self.ef.encode(p, self.base[p] - theta)
+            delta = self.base[p] - theta
+            work, self.unsent[p] = self.unsent[p], 0.0
             self.seq += 1
             self.outstanding[p] = _Outstanding(
                 seq=self.seq,
@@ -181,16 +208,18 @@ class LearnerProtocol:
             out.append(
                 Send(
                     "syncer",
-                    Contribution(
+                    Outgoing(
                         learner=self.id,
                         fragment=p,
                         seq=self.seq,
                         base_version=self.base_version[p],
-                        payload=payload,
                         steps=self.counters.steps_of(p),
                         tokens=self.counters.tokens_of(p),
                         sent_at=now,
                         step_time=self.step_time.value or 0.0,
+                        work_s=work,
+                        generation=self.generation,
+                        delta=delta,
                     ),
                 )
             )
@@ -257,12 +286,53 @@ class LearnerProtocol:
             else:
                 self.counters.reset(p)
             del self.outstanding[p]
-            events.append(
-                Event(
-                    now,
-                    "applied",
-                    self.id,
-                    {"fragment": p, "version": self.base_version[p], "mode": self.cfg.receipt},
-                )
-            )
+            events.append(Event(now, self.id, Applied(p, self.base_version[p], self.cfg.receipt)))
         return events
+
+    # -- durable state ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The protocol's state (copies; the parameters are the model's, not in it): a learner
+        process restored with it and its model's weights goes on where it was."""
+        return {
+            "step": self.step,
+            "seq": self.seq,
+            "generation": self.generation,
+            "healed": self.healed,
+            "step_time": self.step_time.value,
+            "work_s": self.work_s,
+            "unsent": list(self.unsent),
+            "counters": self.counters.state_dict(),
+            "base": [t.clone() for t in self.base],
+            "base_version": list(self.base_version),
+            "latest": [t.clone() for t in self.latest],
+            "latest_version": list(self.latest_version),
+            "outstanding": {
+                p: (
+                    r.seq,
+                    r.step,
+                    None if r.at_send is None else r.at_send.clone(),
+                    r.steps,
+                    r.tokens,
+                    r.answered,
+                )  # fmt: skip
+                for p, r in self.outstanding.items()
+            },
+            "pulled": sorted(self.pulled),
+        }
+
+    def load_state_dict(self, st: dict) -> None:
+        if len(st["unsent"]) != self.plan.P:
+            raise ValueError(f"state has {len(st['unsent'])} fragments, the plan {self.plan.P}")
+        self.step, self.seq, self.generation = st["step"], st["seq"], st["generation"]
+        self.healed, self.step_time.value, self.work_s = st["healed"], st["step_time"], st["work_s"]
+        self.unsent = list(st["unsent"])
+        self.counters.load_state_dict(st["counters"])
+        self.base = [t.clone() for t in st["base"]]
+        self.base_version = list(st["base_version"])
+        self.latest = [t.clone() for t in st["latest"]]
+        self.latest_version = list(st["latest_version"])
+        self.outstanding = {
+            p: _Outstanding(s, k, None if a is None else a.clone(), n, t, ans)
+            for p, (s, k, a, n, t, ans) in st["outstanding"].items()
+        }
+        self.pulled = set(st["pulled"])

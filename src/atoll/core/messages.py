@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,68 @@ class Contribution:
     tokens: int
     sent_at: float
     step_time: float
+    work_s: float = 0.0  # step-seconds of work this send carries (goodput's useful time)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """Learner protocol -> its driver: a contribution still to be encoded.
+
+    `delta` is base - theta (flat float32, a fresh tensor the receiver owns), taken at the
+    step boundary. The driver owns the encoder and its error feedback
+    (`codec.ContributionEncoder`) and encodes in send order; `generation` counts the
+    learner's heals, so that residuals start over after one and older sends are dropped."""
+
+    learner: str
+    fragment: int
+    seq: int
+    base_version: int
+    steps: int
+    tokens: int
+    sent_at: float
+    step_time: float
+    work_s: float
+    generation: int
+    delta: torch.Tensor
+
+    def encoded(self, payload: bytes) -> Contribution:
+        return Contribution(
+            self.learner,
+            self.fragment,
+            self.seq,
+            self.base_version,
+            payload,
+            self.steps,
+            self.tokens,
+            self.sent_at,
+            self.step_time,
+            self.work_s,
+        )
+
+
+class Refusal(Enum):
+    """Why the syncer refused a contribution; `action` is what the learner should do."""
+
+    NOT_JOINED = "not_joined"  # no live session: rejoin
+    FRAGMENT = "fragment"  # fragment index out of range
+    STALE_BASE = "stale_base"  # base version no longer held: heal
+    COUNTERS = "counters"  # negative steps or tokens
+    HEADER = "header"  # a number that is not finite and >= 0, or another protocol
+    PAYLOAD = "payload"  # frame does not decode, wrong codec or size
+    TOO_LARGE = "too_large"
+    TRANSFER = "transfer"  # chunks, size or checksum of the transfer
+
+    @property
+    def action(self) -> str:
+        return {Refusal.NOT_JOINED: "rejoin", Refusal.STALE_BASE: "heal"}.get(self, "")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A refusal: its code and the message naming the value and what is allowed."""
+
+    code: Refusal
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -60,9 +125,23 @@ class Progress:
     path, from which the syncer measures the step time that paces its pulls."""
 
     learner: str
-    step: int
-    step_time: float
+    step: int  # steps since the learner (re)joined
+    step_time: float  # its measure of the steps since its previous report
     at: float
+    work_s: float = 0.0  # its step-seconds since it (re)joined
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Learner -> syncer when reconnecting: the versions it is based on and the newest it has
+    seen; `keep_progress`: it asks to keep its local progress (else it heals); `other_epoch`:
+    it saw an earlier incarnation of the syncer (which then checks that nothing it saw is
+    missing)."""
+
+    base_versions: tuple[int, ...]
+    latest_versions: tuple[int, ...]
+    other_epoch: bool = False
+    keep_progress: bool = True
 
 
 @dataclass(frozen=True)
@@ -74,6 +153,14 @@ class Heal:
     @property
     def nbytes(self) -> int:
         return sum(len(u.payload) for u in self.updates)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Syncer -> reconnecting learner that keeps its progress: the fragments that moved on
+    since what it has seen, in full (nothing else is sent)."""
+
+    updates: tuple[FragmentUpdate, ...]
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 """The syncer protocol state machine (sans-I/O).
 
 It holds the global value Theta_p and outer-optimizer state of every fragment. Inputs:
-`on_join` (a learner (re)connects: it gets a Heal), `on_lost`, `on_contribution`, `on_timer`.
-Outputs: `Send` (to a learner), `SetTimer`, and `Event`s for the stream.
+`on_join` (a learner (re)connects: it heals, or resumes with its progress), `on_listening`
+(its pull channel opened or closed), `on_lost`, `on_contribution`, `on_progress`,
+`on_timer`, `close_all` (end of run). Outputs: `Send` (to a learner), `SetTimer`, and `Event`s
+for the stream. Durable state: `state_dict()` / `load_state_dict()` (atoll.core.state).
 
 Pacing (`schedule`): with "pull" (default) the syncer keeps a tick clock at the measured step
 time (EMA of the learners' Progress reports); at tick g it sends Pull for every fragment with
-offset g mod H, so each fragment is synchronised once per H ticks and all learners contribute
-to the same round whatever their speed. With "push" the learners send on their own step count.
+offset g mod H to every learner that can hear it, so each fragment is synchronised once per H
+ticks and all learners contribute to the same round whatever their speed. With "push" the
+learners send on their own step count.
 
 Closing a round for fragment p:
  1. contributions are kept per learner (a newer one from the same learner replaces the older);
@@ -30,8 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from atoll.core import codec
+from atoll.core.checks import check_contribution
 from atoll.core.counters import token_weight
-from atoll.core.events import Event
+from atoll.core.events import Accepted, Event, Joined, Lost, Refused, RoundClosed, SeenCheck
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.merge import MERGES, merge_fragment
@@ -41,11 +45,18 @@ from atoll.core.messages import (
     Heal,
     Progress,
     Pull,
+    Refusal,
+    Rejection,
+    Resume,
+    Resumed,
     Send,
     SetTimer,
 )
 from atoll.core.outer import OuterOptimizer, OuterState
+from atoll.core.state import DurableState
 from atoll.errors import ConfigError
+
+PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that covers many steps
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class SyncerConfig:
     group: int = 64
     history: int = 64  # public versions kept per fragment to resolve learners' base versions
     schedule: str = "pull"  # "pull": the syncer paces rounds; "push": learners' step counts
+    codec: str = ""  # the learners' codec: contributions in another are refused ('' = any)
 
     def validate(self) -> None:
         if self.merge not in MERGES:
@@ -72,6 +84,8 @@ class SyncerConfig:
         if self.weighting not in ("tokens", "uniform"):
             raise ConfigError("weighting", self.weighting, "'tokens' or 'uniform'")
         codec.check_scheme(self.down_codec, "down_codec")
+        if self.codec:
+            codec.check_scheme(self.codec)
         if self.history < 2:
             raise ConfigError("history", self.history, "an integer >= 2")
         if self.schedule not in ("pull", "push"):
@@ -88,7 +102,7 @@ class _Pending:
     arrived: float
 
 
-class SyncerProtocol:
+class SyncerProtocol(DurableState):
     def __init__(
         self, plan: FragmentPlan, init: list[torch.Tensor], config: SyncerConfig | None = None
     ) -> None:
@@ -111,39 +125,85 @@ class SyncerProtocol:
             self.cfg.quorum, self.cfg.tau, self.cfg.grace_gamma, self.cfg.grace_ema, self.cfg.grace
         )
         self.live: set[str] = set()
+        self.listening: set[str] = set()  # live learners whose pulls can reach them
+        self.reported: dict[str, tuple[int, float]] = {}  # learner -> (steps, work_s) reported
         self.pending: list[dict[str, _Pending]] = [{} for _ in range(plan.P)]
         self.quorum_at: list[float | None] = [None] * plan.P
         self.round_id = [0] * plan.P
         self.rounds_closed = 0
         self.tick = -1  # pull clock: -1 until the first step time is measured
+        self.restored_versions = [0] * plan.P  # versions when this process started
+        self.max_seen = [-1] * plan.P  # newest versions learners of earlier epochs had seen
 
     # -- membership --------------------------------------------------------------------------
+    def _full(self, p: int, included: tuple = (), at: float = 0.0) -> FragmentUpdate:
+        v = self.version[p]
+        return FragmentUpdate(p, v, "full", v, codec.encode(self.public[p], "fp32"), included, at)
+
     def heal_message(self) -> Heal:
-        return Heal(
-            tuple(
-                FragmentUpdate(
-                    p,
-                    self.version[p],
-                    "full",
-                    self.version[p],
-                    codec.encode(self.public[p], "fp32"),
-                    (),
-                    0.0,
-                )
-                for p in range(self.plan.P)
-            )
-        )
+        return Heal(tuple(self._full(p) for p in range(self.plan.P)))
 
-    def on_join(self, now: float, learner: str) -> list:
+    def can_resume(self, r: Resume | None) -> bool:
+        """A learner keeps its progress when every version it is based on is still held."""
+        P = self.plan.P
+        if r is None or not r.keep_progress:
+            return False
+        if len(r.base_versions) != P or len(r.latest_versions) != P:
+            return False
+        return all(v in self.history[p] for p, v in enumerate(r.base_versions))
+
+    def _seen_check(self, now: float, learner: str, r: Resume) -> list:
+        """A learner that saw an earlier epoch: every version it saw must be here."""
+        if not r.other_epoch or len(r.latest_versions) != self.plan.P:
+            return []
+        lost = 0
+        for p, v in enumerate(r.latest_versions):
+            if v > self.max_seen[p]:
+                lost += max(0, v - max(self.max_seen[p], self.restored_versions[p]))
+                self.max_seen[p] = v
+        return [Event(now, "syncer", SeenCheck(learner, lost))]
+
+    def on_join(
+        self,
+        now: float,
+        learner: str,
+        resume: Resume | None = None,
+        incarnation: str | None = None,
+        listening: bool = True,
+    ) -> list:
+        """Admit `learner`: it heals (every fragment in full), or, asking to `resume` with
+        base versions still held, keeps its progress and gets the fragments it lacks.
+        `listening=False`: its pull channel opens later (`on_listening`)."""
+        out: list = [] if resume is None else self._seen_check(now, learner, resume)
+        heal = not self.can_resume(resume)
         self.live.add(learner)
-        return [
-            Send(learner, self.heal_message()),
-            Event(now, "joined", "syncer", {"learner": learner}),
-        ]
+        self.reported.pop(learner, None)
+        if listening:
+            self.listening.add(learner)
+        else:
+            self.listening.discard(learner)
+        if heal:
+            msg: Heal | Resumed = self.heal_message()
+        else:
+            assert resume is not None
+            lacking = [p for p in range(self.plan.P) if self.version[p] > resume.latest_versions[p]]
+            msg = Resumed(tuple(self._full(p) for p in lacking))
+        joined = Joined(learner) if incarnation is None else Joined(learner, incarnation, heal)
+        return [Send(learner, msg), *out, Event(now, "syncer", joined)]
 
-    def on_lost(self, now: float, learner: str) -> list:
+    def on_listening(self, now: float, learner: str, listening: bool) -> list:
+        if listening and learner in self.live:
+            self.listening.add(learner)
+        else:
+            self.listening.discard(learner)
+            self.reported.pop(learner, None)
+        return []
+
+    def on_lost(self, now: float, learner: str, why: str | None = None) -> list:
         self.live.discard(learner)
-        out: list = [Event(now, "lost", "syncer", {"learner": learner})]
+        self.listening.discard(learner)
+        self.reported.pop(learner, None)
+        out: list = [Event(now, "syncer", Lost(learner, why))]
         for p in range(self.plan.P):
             out += self._maybe_close(now, p)
         return out
@@ -151,22 +211,19 @@ class SyncerProtocol:
     # -- rounds ------------------------------------------------------------------------------
     def on_contribution(self, now: float, c: Contribution) -> list:
         p = c.fragment
-        reason = self._check(c)
+        bad = check_contribution(
+            c, self.plan, self.live, self._held(p), self._version_of(p), self.cfg.codec
+        )
         theta_m = None
-        if reason is None:
+        if bad is None:
             try:
                 delta = codec.decode(c.payload, self.plan.fragments[p].numel)
                 theta_m = self.history[p][c.base_version] - delta
             except codec.CodecError as exc:
-                reason = f"bad payload: {exc}"
-        if reason is not None:
+                bad = Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
+        if bad is not None:
             return [
-                Event(
-                    now,
-                    "refused",
-                    "syncer",
-                    {"learner": c.learner, "fragment": c.fragment, "reason": reason},
-                )
+                Event(now, "syncer", Refused(c.learner, c.fragment, bad.reason, bad.code.value))
             ]
         if c.step_time > 0:
             self.grace.step.update(c.step_time)
@@ -174,13 +231,35 @@ class SyncerProtocol:
         self.pending[p][c.learner] = _Pending(
             theta_m, weight, c, self.version[p] - c.base_version, len(c.payload), now
         )
-        return self._maybe_close(now, p)
+        accepted = Accepted(c.learner, p, c.seq, len(c.payload), c.work_s)
+        return [Event(now, "syncer", accepted), *self._maybe_close(now, p)]
+
+    def _held(self, p: int) -> OrderedDict[int, torch.Tensor] | None:
+        return self.history[p] if 0 <= p < self.plan.P else None
+
+    def _version_of(self, p: int) -> int:
+        return self.version[p] if 0 <= p < self.plan.P else -1
 
     def on_progress(self, now: float, msg: Progress) -> list:
-        """A learner's step report: measures the step time; starts the pull clock."""
-        if msg.learner not in self.live or not msg.step_time > 0:
+        """A learner's step report (`msg.step` steps since it joined, `msg.work_s` their
+        seconds): measures the step time (once per step it covers, at most
+        PROGRESS_STEPS_MAX); starts the pull clock. With the pull schedule only from learners
+        that can hear pulls: the clock must not tick for one that cannot."""
+        lid = msg.learner
+        if lid not in self.live or (self.cfg.schedule == "pull" and lid not in self.listening):
             return []
-        self.grace.step.update(msg.step_time)
+        prev = self.reported.get(lid)
+        k = msg.step - (prev[0] if prev else 0)
+        if k <= 0:
+            return []
+        mean = msg.step_time  # the learner's own measure: one step, or its first report
+        if prev is not None and k > 1 and msg.work_s > prev[1]:
+            mean = (msg.work_s - prev[1]) / k
+        self.reported[lid] = (msg.step, msg.work_s)
+        if not mean > 0 or mean == float("inf"):
+            return []
+        for _ in range(min(k, PROGRESS_STEPS_MAX)):
+            self.grace.step.update(mean)
         if self.cfg.schedule == "pull" and self.tick < 0:
             self.tick = 0
             return [SetTimer(now, ("pull", 0))]
@@ -190,7 +269,7 @@ class SyncerProtocol:
         out: list = []
         for f in self.plan.fragments:
             if f.offset == tick % self.plan.H:
-                out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.live)]
+                out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.listening)]
         self.tick = tick + 1
         return out + [SetTimer(now + (self.grace.step.value or 1.0), ("pull", tick + 1))]
 
@@ -202,19 +281,13 @@ class SyncerProtocol:
             return []
         return self._close(now, p)
 
-    def _check(self, c: Contribution) -> str | None:
-        if not 0 <= c.fragment < self.plan.P:
-            return f"fragment {c.fragment} out of range [0, {self.plan.P})"
-        if c.learner not in self.live:
-            return f"learner {c.learner} has not joined"
-        if c.base_version not in self.history[c.fragment]:
-            return (
-                f"base version {c.base_version} of fragment {c.fragment} is not held "
-                f"(current {self.version[c.fragment]}); the learner must heal"
-            )
-        if c.steps < 0 or c.tokens < 0:
-            return "negative counters"
-        return None
+    def close_all(self, now: float) -> list:
+        """The end of a run (nothing more will arrive): close every open round now."""
+        out: list = []
+        for p in range(self.plan.P):
+            if self.pending[p]:
+                out += self._close(now, p)
+        return out
 
     def _maybe_close(self, now: float, p: int) -> list:
         pend = self.pending[p]
@@ -241,45 +314,29 @@ class SyncerProtocol:
         self.theta[p] = self.outer.step(self.theta[p], delta, self.outer_state[p])
         self.version[p] += 1
         v = self.version[p]
+        included = tuple((i, pend[i].c.seq) for i in ids)
         if self.cfg.down_codec == "fp32":
             self.public[p] = self.theta[p].clone()
-            update = FragmentUpdate(
-                p,
-                v,
-                "full",
-                v - 1,
-                codec.encode(self.public[p], "fp32"),
-                tuple((i, pend[i].c.seq) for i in ids),
-                now,
-            )
+            frame = codec.encode(self.public[p], "fp32")
+            update = FragmentUpdate(p, v, "full", v - 1, frame, included, now)
         else:
             frame = codec.encode(
                 self.theta[p] - self.public[p], self.cfg.down_codec, self.cfg.group
             )
             self.public[p] = self.public[p] + codec.decode(frame)
-            update = FragmentUpdate(
-                p, v, "delta", v - 1, frame, tuple((i, pend[i].c.seq) for i in ids), now
-            )
-        hist = self.history[p]
-        hist[v] = self.public[p].clone()
-        while len(hist) > self.cfg.history:
-            hist.popitem(last=False)
+            update = FragmentUpdate(p, v, "delta", v - 1, frame, included, now)
+        self._remember(p)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
-        event = Event(
-            now,
-            "round_closed",
-            "syncer",
-            {
-                "fragment": p,
-                "version": v,
-                "participants": ids,
-                "weights": [round(w, 3) for w in weights],
-                "staleness": [pend[i].staleness for i in ids],
-                "quorum_wait_s": quorum_wait,
-                "grace_s": now - (self.quorum_at[p] or now),
-                "bytes_in": sum(pend[i].nbytes for i in ids),
-                "bytes_out": len(update.payload) * len(self.live),
-            },
+        event = RoundClosed(
+            fragment=p,
+            version=v,
+            participants=ids,
+            weights=[round(w, 3) for w in weights],
+            staleness=[pend[i].staleness for i in ids],
+            quorum_wait_s=quorum_wait,
+            grace_s=now - (self.quorum_at[p] or now),
+            bytes_in=sum(pend[i].nbytes for i in ids),
+            bytes_out=len(update.payload) * len(self.live),
         )
         # time to deliver the result: the links are taken as symmetric, so the answer is
         # expected to travel as fast as the contributions did (scaling by the size ratio would
@@ -290,7 +347,29 @@ class SyncerProtocol:
         self.quorum_at[p] = None
         self.round_id[p] += 1
         self.rounds_closed += 1
-        return [Send(lid, update) for lid in sorted(self.live)] + [event]
+        return [Send(lid, update) for lid in sorted(self.live)] + [Event(now, "syncer", event)]
+
+    # -- delivery ----------------------------------------------------------------------------
+    def coalesce(self, old: FragmentUpdate, new: FragmentUpdate) -> FragmentUpdate:
+        """One update in place of two of the same fragment that a learner has not yet been
+        sent: the newer one, listing what both included; when the newer is a delta it no
+        longer chains, so the public value of its version goes in full instead."""
+        included = tuple(dict.fromkeys(old.included + new.included))
+        if new.kind == "delta":
+            value = self.history[new.fragment].get(new.version)
+            if value is None:
+                raise ValueError(
+                    f"version {new.version} of fragment {new.fragment} is no longer held"
+                )
+            payload = codec.encode(value, "fp32")
+            return FragmentUpdate(
+                new.fragment, new.version, "full", new.base_version, payload, included,
+                new.closed_at,
+            )  # fmt: skip
+        return FragmentUpdate(
+            new.fragment, new.version, new.kind, new.base_version, new.payload, included,
+            new.closed_at,
+        )  # fmt: skip
 
     def global_params(self) -> dict[str, torch.Tensor]:
         """The exact global parameters by name (copies)."""

@@ -1,6 +1,7 @@
 """The live runtime: a gRPC syncer service, the learner library and a local launcher.
 
-- learner.py   `Learner`: Decoupled DiLoCo for any PyTorch training loop (background comms)
+- learner/     `Learner`: Decoupled DiLoCo for any PyTorch training loop (background comms)
+- comm/        the learner's communication side (gRPC, encoding; threads or a child process)
 - syncer.py    `SyncerService`: the wall-clock driver of the core's syncer, durable
 - store.py     the event tape and snapshots, and restore
 - launcher.py  `atoll run`: syncer + N learner processes, chaos, supervisor, summary
@@ -21,7 +22,7 @@ def __getattr__(name: str) -> object:
 
         return Learner
     if name == "save_init":
-        from atoll.live.common import save_init
+        from atoll.model.recipe import save_init  # moved there; kept here for old callers
 
         return save_init
     raise AttributeError(name)

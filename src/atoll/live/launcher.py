@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atoll.config import LiveConfig, SimConfig, to_args
 from atoll.errors import ConfigError
-from atoll.live.config import LiveConfig, resolve_comm, to_args
-from atoll.live.eventlog import EventLog, read_events
-from atoll.sim.config import SimConfig
+from atoll.eventlog import EventLog, read_events
+from atoll.live.comm_mode import resolve_comm
 
 
 @dataclass(frozen=True)
@@ -175,14 +175,9 @@ class Launcher:
 
     def _cache_corpus(self) -> None:
         """Read the corpus once; (re)started learners load these bytes instead of the files."""
-        from atoll.model.data import load_stdlib_corpus, load_text_files
+        from atoll.model.recipe import corpus_bytes
 
-        cfg = self.scfg
-        if cfg.data == "stdlib":
-            raw = load_stdlib_corpus(cfg.data_bytes)
-        else:
-            raw = load_text_files([p for p in cfg.data.split(",") if p], cfg.data_bytes)
-        (self.run_dir / "corpus.bin").write_bytes(raw)
+        (self.run_dir / "corpus.bin").write_bytes(corpus_bytes(self.scfg))
 
     def _wait_syncer(self, timeout: float = 60.0) -> None:
         from atoll.live.client import wait_ready

@@ -29,20 +29,15 @@ def main(args: argparse.Namespace) -> int:
 
     import torch
 
+    from atoll.config import build
     from atoll.errors import ConfigError
-    from atoll.live import config as live_config
+    from atoll.live.comm_mode import resolve_comm
     from atoll.live.learner import Learner
-    from atoll.sim.world import (
-        DataStream,
-        corpus_for,
-        inner_lr,
-        new_inner_optimizer,
-        new_model,
-        train_step,
-    )
+    from atoll.model.recipe import load_corpus, new_model
+    from atoll.model.train import DataStream, inner_lr, new_inner_optimizer, train_step
 
     torch.set_num_threads(1)
-    scfg, lcfg = live_config.build(args.overrides, args.config)
+    scfg, lcfg = build(args.overrides, args.config)
     if not 0 <= args.index < scfg.learners:
         raise ConfigError("--index", args.index, f"an integer in [0, learners={scfg.learners})")
     lid = args.id or f"L{args.index}"
@@ -53,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
 
         corpus = ByteCorpus(args.corpus.read_bytes())
     else:
-        corpus = corpus_for(scfg)
+        corpus = load_corpus(scfg)
     model = new_model(scfg)  # overwritten by the heal: the syncer's values are used
     opt = new_inner_optimizer(model, scfg)
     data = DataStream(scfg, corpus, args.index)
@@ -76,8 +71,11 @@ def main(args: argparse.Namespace) -> int:
         wait_s=lcfg.wait_s,
         shape_mbps=shape,
         heartbeat_s=lcfg.heartbeat_s,
-        comm=live_config.resolve_comm(lcfg.comm, 1),  # `atoll run` passes its choice
+        comm=resolve_comm(lcfg.comm, 1),  # `atoll run` passes its choice
         events=str(args.events) if args.events else None,
+        # this process is ours alone: with comm threads, a 0.2 ms GIL switch interval bounds
+        # the training thread's wait after each torch op (the library's opt-in, docs/live.md)
+        switch_interval_s=2e-4,
     )
     start = time.time()
     if lcfg.start_barrier and args.restart == 0:

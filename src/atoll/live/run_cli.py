@@ -28,10 +28,10 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
     import json
     import time
 
-    from atoll.live import config as live_config
+    from atoll.config import build
     from atoll.live.launcher import Launcher
 
-    scfg, lcfg = live_config.build(args.overrides, args.config, defaults)
+    scfg, lcfg = build(args.overrides, args.config, defaults)
     out = args.out or Path("runs") / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
     if not args.resume and any((out / name).exists() for name in ("tape", "snapshot.safetensors")):
         from atoll.errors import ConfigError

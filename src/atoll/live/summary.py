@@ -8,73 +8,42 @@ import json
 from pathlib import Path
 from typing import Any
 
-from atoll.live.config import LiveConfig
-from atoll.live.eventlog import read_events
-from atoll.sim.config import SimConfig
+from atoll import metrics
+from atoll.config import LiveConfig, SimConfig
+from atoll.eventlog import load_events
 
 
 def evaluate(run_dir: Path, scfg: SimConfig) -> float:
     from safetensors.torch import load_file
 
-    from atoll.sim.world import Evaluator, corpus_for
+    from atoll.model.recipe import load_corpus
+    from atoll.model.train import Evaluator
 
     path = run_dir / "final.safetensors"
     if not path.exists():
         return float("nan")
-    return Evaluator(scfg, corpus_for(scfg))(load_file(str(path)))
-
-
-def rejoin_times(events: list[dict[str, Any]]) -> tuple[list[float], float]:
-    """Seconds from each learner restart to its first training step, and total downtime
-    (from each kill to training again)."""
-    out, down = [], 0.0
-    kills: dict[str, float] = {}
-    for e in events:
-        d = e["data"]
-        if e["kind"] == "chaos" and d.get("action") == "kill":
-            kills[d["process"]] = e["t"]
-        if e["kind"] == "crashed":
-            kills.setdefault(d["process"], e["t"])
-    for e in events:
-        if e["kind"] != "restarted" or e["data"]["process"] == "syncer":
-            continue
-        lid, t = e["data"]["process"], e["t"]
-        nxt = next(
-            (x for x in events if x["kind"] == "training" and x["source"] == lid and x["t"] > t),
-            None,
-        )
-        if nxt is not None:
-            out.append(round(nxt["t"] - t, 3))
-            if lid in kills:
-                down += nxt["t"] - kills.pop(lid)
-    return out, down
+    return Evaluator(scfg, load_corpus(scfg))(load_file(str(path)))
 
 
 def summarize(
     run_dir: Path, scfg: SimConfig, lcfg: LiveConfig, start: float, end: float
 ) -> dict[str, Any]:
-    from atoll.sim.world import ring_allreduce_bytes
+    from atoll.bandwidth.model import allreduce_factor
+    from atoll.model.recipe import builtin_plan
 
-    events = read_events(run_dir / "events.jsonl")
+    events = load_events(run_dir / "events.jsonl")
     final_path = run_dir / "syncer_final.json"
     acct = json.loads(final_path.read_text()) if final_path.exists() else {}
-    rounds = [e for e in events if e["kind"] == "round_closed"]
-    parts = [len(e["data"]["participants"]) for e in rounds]
-    stale = [s for e in rounds for s in e["data"]["staleness"]]
-    hist: dict[str, int] = {}
-    for n in parts:
-        hist[str(n)] = hist.get(str(n), 0) + 1
     tokens = int(sum(acct.get("tokens", {}).values()))
-    training = [e["t"] for e in events if e["kind"] == "training"]
+    training = [e.t for e in events if e.kind == "training"]
     train_start = min(training) if training else start
     window = max(end - train_start, 1e-9)
     M = scfg.learners
-    from atoll.live.common import builtin_plan
-
+    stats = metrics.run_stats(events, M, window)
     plan, _ = builtin_plan(scfg)
     dp_steps = tokens / (M * scfg.batch * scfg.context)
-    rejoins, down = rejoin_times(events)
-    chaos = [e for e in events if e["kind"] == "chaos"]
+    rejoins, down = metrics.rejoin_times(events)
+    chaos = [e.data for e in events if e.kind == "chaos"]
     return {
         "name": "live",
         "method": "decoupled_live",
@@ -83,18 +52,16 @@ def summarize(
         "token_budget": scfg.token_budget(),
         "wall_time_s": end - start,
         "training_window_s": window,
-        "goodput": min(acct.get("useful_s", 0.0) / (M * window), 1.0),
+        "goodput": stats["goodput"],
         "bytes_up": int(acct.get("bytes_in", 0)),
         "bytes_down": int(acct.get("bytes_out", 0)),
-        "dp_bytes": int(dp_steps * M * ring_allreduce_bytes(plan.nbytes_fp32(), M)),
-        "rounds": len(rounds),
-        "participants_mean": sum(parts) / max(len(parts), 1),
-        "participants_hist": hist,
-        "staleness_mean": sum(stale) / max(len(stale), 1),
-        "staleness_max": max(stale, default=0),
+        # bytes a data-parallel ring all-reduce of fp32 gradients sends for these tokens
+        "dp_bytes": int(dp_steps * M * int(allreduce_factor("ring", M) * plan.nbytes_fp32())),
+        **{k: stats[k] for k in ("rounds", "participants_mean", "participants_hist")},
+        **{k: stats[k] for k in ("staleness_mean", "staleness_max")},
         "down_s": down,
-        "failures": sum(1 for e in chaos if e["data"]["process"] != "syncer"),
-        "syncer_kills": sum(1 for e in chaos if e["data"]["process"] == "syncer"),
+        "failures": sum(1 for c in chaos if c.process != "syncer"),
+        "syncer_kills": sum(1 for c in chaos if c.process == "syncer"),
         "rejoin_times_s": rejoins,
         "lost_committed_rounds": int(acct.get("lost_committed_rounds", 0)),
         "refused": int(acct.get("refused", 0)),

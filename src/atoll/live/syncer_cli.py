@@ -29,14 +29,13 @@ def main(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from atoll.live import config as live_config
-    from atoll.live.common import builtin_plan, file_plan
-    from atoll.live.eventlog import EventLog
+    from atoll.config import build
+    from atoll.eventlog import EventLog
     from atoll.live.syncer import SyncerOptions, SyncerService
-    from atoll.sim.decoupled import learner_config, syncer_config
+    from atoll.model.recipe import builtin_plan, file_plan
     from atoll.wire.auth import load_secret
 
-    scfg, lcfg = live_config.build(args.overrides, args.config)
+    scfg, lcfg = build(args.overrides, args.config)
     secret = load_secret(args.secret_file)
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     )
     events = EventLog(run_dir / "events.jsonl")
     # `schedule` (pull by default, push as an option) reaches the learners in the Welcome
-    s_cfg, l_cfg = syncer_config(scfg), learner_config(scfg)
+    s_cfg, l_cfg = scfg.syncer_config(), scfg.learner_config()
     service = SyncerService(plan, init, s_cfg, l_cfg, opts, events)
     port = service.start()
     addr = f"{lcfg.host}:{port}"
@@ -83,10 +82,6 @@ def main(args: argparse.Namespace) -> int:
     service.stop(final_dir=run_dir)
     import json
 
-    with service.lock:
-        acct = dict(service.acct)
-        acct["rounds"] = service.proto.rounds_closed
-        acct["versions"] = list(service.proto.version)
-    (run_dir / "syncer_final.json").write_text(json.dumps(acct, indent=1))
+    (run_dir / "syncer_final.json").write_text(json.dumps(service.final_accounts(), indent=1))
     events.close()
     return 0

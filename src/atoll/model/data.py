@@ -40,6 +40,13 @@ def load_text_files(paths: list[str], max_bytes: int) -> bytes:
     return bytes(out[:max_bytes])
 
 
+def load_corpus_bytes(data: str, max_bytes: int) -> bytes:
+    """The bytes of setting `data`: "stdlib", or comma-separated text file paths."""
+    if data == "stdlib":
+        return load_stdlib_corpus(max_bytes)
+    return load_text_files([p for p in data.split(",") if p], max_bytes)
+
+
 class ByteCorpus:
     """A byte corpus with a train split divided into shards and a held-out eval split."""
 

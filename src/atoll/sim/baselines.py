@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import torch
 
+from atoll.config import SimConfig
 from atoll.core import codec
 from atoll.core.outer import OuterOptimizer, OuterState
-from atoll.sim.config import SimConfig
+from atoll.model.data import ByteCorpus
+from atoll.model.recipe import load_corpus, new_model
+from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer
 from atoll.sim.world import (
-    DataStream,
     EvalPoints,
-    Evaluator,
     FailureSchedule,
     ProgressFn,
     RunResult,
     StepClock,
-    corpus_for,
     dp_equivalent_bytes,
-    inner_lr,
-    new_inner_optimizer,
-    new_model,
     ring_allreduce_bytes,
     ring_allreduce_time,
 )
@@ -63,20 +60,30 @@ def _curve_points(curve: list, due: int, tokens: int, t: float, loss: float) -> 
     curve += [{"tokens": tokens, "time_s": t, "eval_loss": loss} for _ in range(due)]
 
 
-def _workers(cfg: SimConfig, corpus) -> tuple[list[DataStream], list[StepClock], _Failures]:
+def _workers(
+    cfg: SimConfig, corpus: ByteCorpus
+) -> tuple[list[DataStream], list[StepClock], _Failures]:
     """Each worker's data stream and step clock, and the shared failure schedule."""
     streams = [DataStream(cfg, corpus, i) for i in range(cfg.learners)]
     clocks = [StepClock(cfg, i) for i in range(cfg.learners)]
     return streams, clocks, _Failures(cfg)
 
 
-def run_data_parallel(
-    cfg: SimConfig, name: str = "data_parallel", progress: ProgressFn | None = None
-) -> RunResult:
+def _prepare(cfg: SimConfig, corpus: ByteCorpus | None) -> tuple[SimConfig, ByteCorpus, Evaluator]:
+    """Checked settings, the corpus (the caller's if it has it, else read now), an evaluator."""
     cfg = cfg.validate()
     torch.set_num_threads(cfg.threads)
-    corpus = corpus_for(cfg)
-    evaluate = Evaluator(cfg, corpus)
+    corpus = corpus if corpus is not None else load_corpus(cfg)
+    return cfg, corpus, Evaluator(cfg, corpus)
+
+
+def run_data_parallel(
+    cfg: SimConfig,
+    name: str = "data_parallel",
+    progress: ProgressFn | None = None,
+    corpus: ByteCorpus | None = None,
+) -> RunResult:
+    cfg, corpus, evaluate = _prepare(cfg, corpus)
     model = new_model(cfg)
     opt = new_inner_optimizer(model, cfg)
     streams, clocks, failures = _workers(cfg, corpus)
@@ -138,12 +145,12 @@ def run_data_parallel(
 
 
 def run_sync_diloco(
-    cfg: SimConfig, name: str = "sync_diloco", progress: ProgressFn | None = None
+    cfg: SimConfig,
+    name: str = "sync_diloco",
+    progress: ProgressFn | None = None,
+    corpus: ByteCorpus | None = None,
 ) -> RunResult:
-    cfg = cfg.validate()
-    torch.set_num_threads(cfg.threads)
-    corpus = corpus_for(cfg)
-    evaluate = Evaluator(cfg, corpus)
+    cfg, corpus, evaluate = _prepare(cfg, corpus)
     global_model = new_model(cfg)
     names = [n for n, _ in global_model.named_parameters()]
     theta = torch.cat([p.detach().reshape(-1) for p in global_model.parameters()])

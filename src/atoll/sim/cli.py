@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from atoll.sim.config import add_set_argument
+    from atoll.config import add_set_argument
     from atoll.sim.presets import PRESETS
 
     p.add_argument(
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from atoll.sim.config import parse_overrides
+    from atoll.config import parse_overrides
     from atoll.sim.presets import get_preset
     from atoll.sim.report import plot, print_table
     from atoll.sim.runner import plan_runs, run_preset

@@ -12,8 +12,11 @@ steps, injects failures and keeps the books. Event kinds:
     recover   a learner restarts, joins, and heals from the syncer's current fragments
 
 Goodput = (learner time spent on steps whose work reached the syncer) / (M * wall time).
-Each step's time is split evenly over the P fragments; a fragment's share becomes useful when
-a contribution carrying it arrives at the syncer, and is lost if the learner dies first.
+Each step's time is split evenly over the P fragments (the learner protocol keeps these books);
+a fragment's share becomes useful when the syncer accepts a contribution carrying it, and is
+lost if the learner dies first. The run's statistics are computed from the event stream by
+atoll.metrics, as a live run's are. Each learner's encoder (with its error feedback) is this
+driver's: the protocol hands out raw deltas, encoded here in send order.
 """
 
 from __future__ import annotations
@@ -24,69 +27,36 @@ from dataclasses import dataclass, field
 
 import torch
 
-from atoll.core.events import Event
+from atoll import metrics
+from atoll.config import SimConfig
+from atoll.core.codec import ContributionEncoder
+from atoll.core.events import Blocked, Event, Failed, Rejoined, Sent
 from atoll.core.fragments import make_plan
-from atoll.core.learner import LearnerConfig, LearnerProtocol
+from atoll.core.learner import LearnerProtocol
 from atoll.core.messages import (
     CONTROL_BYTES,
     Contribution,
     FragmentUpdate,
     Heal,
+    Outgoing,
     Progress,
     Pull,
     Send,
     SetTimer,
 )
-from atoll.core.syncer import SyncerConfig, SyncerProtocol
-from atoll.sim.config import SimConfig
+from atoll.core.syncer import SyncerProtocol
+from atoll.model.data import ByteCorpus
+from atoll.model.recipe import load_corpus, new_model
+from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
 from atoll.sim.world import (
-    DataStream,
     EvalPoints,
-    Evaluator,
     FailureSchedule,
     Link,
     ProgressFn,
     RunResult,
     StepClock,
-    corpus_for,
     dp_equivalent_bytes,
-    inner_lr,
-    new_inner_optimizer,
-    new_model,
-    train_step,
 )
-
-
-def learner_config(cfg: SimConfig) -> LearnerConfig:
-    return LearnerConfig(
-        tau=cfg.tau,
-        codec=cfg.codec,
-        group=cfg.group,
-        error_feedback=cfg.error_feedback,
-        receipt=cfg.receipt,
-        alpha=cfg.alpha,
-        block=cfg.block,
-        schedule=cfg.schedule,
-    )
-
-
-def syncer_config(cfg: SimConfig) -> SyncerConfig:
-    return SyncerConfig(
-        quorum=cfg.quorum,
-        tau=cfg.tau,
-        grace=cfg.grace,
-        grace_gamma=cfg.grace_gamma,
-        grace_ema=cfg.grace_ema,
-        merge=cfg.merge,
-        weighting=cfg.weighting,
-        outer=cfg.outer,
-        outer_lr=cfg.outer_lr,
-        outer_momentum=cfg.outer_momentum,
-        outer_delay=cfg.outer_delay,
-        down_codec=cfg.down_codec,
-        group=cfg.group,
-        schedule=cfg.schedule,
-    )
 
 
 @dataclass
@@ -107,7 +77,7 @@ class _Learner:
     wait_since: float = 0.0
     down_since: float = 0.0
     next_failure: tuple[float, float] | None = None
-    unsent: list[float] = field(default_factory=list)  # step-seconds at risk per fragment
+    encoder: ContributionEncoder | None = None
     inflight: dict[int, float] = field(default_factory=dict)  # seq -> step-seconds
 
 
@@ -121,12 +91,16 @@ def _nbytes(msg: object) -> int:
 
 class DecoupledSim:
     def __init__(
-        self, cfg: SimConfig, name: str = "decoupled", progress: ProgressFn | None = None
+        self,
+        cfg: SimConfig,
+        name: str = "decoupled",
+        progress: ProgressFn | None = None,
+        corpus: ByteCorpus | None = None,
     ) -> None:
         self.cfg = cfg.validate()
         self.name = name
         self.progress = progress
-        corpus = corpus_for(cfg)
+        corpus = corpus if corpus is not None else load_corpus(cfg)
         self.evaluate = Evaluator(cfg, corpus)
         torch.set_num_threads(cfg.threads)
         init = new_model(cfg)
@@ -136,7 +110,7 @@ class DecoupledSim:
         self.syncer = SyncerProtocol(
             self.plan,
             [self.plan.flatten(params, p) for p in range(self.plan.P)],
-            syncer_config(cfg),
+            cfg.syncer_config(),
         )
         bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
         self.learners: list[_Learner] = []
@@ -150,14 +124,14 @@ class DecoupledSim:
                     model=model,
                     opt=new_inner_optimizer(model, cfg),
                     proto=LearnerProtocol(
-                        lid, self.plan, dict(model.named_parameters()), learner_config(cfg)
+                        lid, self.plan, dict(model.named_parameters()), cfg.learner_config()
                     ),
                     data=DataStream(cfg, corpus, i),
                     clock=StepClock(cfg, i),
                     failures=FailureSchedule(cfg, i),
                     up=Link(bw, lat),
                     down=Link(bw, lat),
-                    unsent=[0.0] * self.plan.P,
+                    encoder=self._encoder(),
                 )
             )
         self.by_id = {lr.id: lr for lr in self.learners}
@@ -168,7 +142,6 @@ class DecoupledSim:
         self.budget = cfg.token_budget()
         self.stopping = False
         self.end_time = 0.0
-        self.useful = self.blocked = self.downtime = self.lost = 0.0
         self.failures = 0
         self.heal_bytes = 0
         self.curve: list[dict[str, float]] = []
@@ -211,39 +184,30 @@ class DecoupledSim:
     def _end_wait(self, now: float, lr: _Learner) -> None:
         """A waiting learner stops waiting (answer arrived, budget spent, or it failed)."""
         if lr.state == "waiting":
-            self.blocked += now - lr.wait_since
-            self.events.append(Event(now, "blocked", lr.id, {"wait_s": now - lr.wait_since}))
+            self.events.append(Event(now, lr.id, Blocked(now - lr.wait_since)))
 
     def _finish(self, now: float, lr: _Learner) -> None:
         """The token budget is spent: send every fragment's remaining work once, then stop."""
         self._end_wait(now, lr)
         lr.state = "done"
         self.end_time = max(self.end_time, now)
-        pending = [p for p in range(self.plan.P) if lr.unsent[p] > 0]
-        for s in lr.proto.send_now(now, pending):
+        for s in lr.proto.final_flush(now):
             self._send_up(now, lr, s.message)
 
-    def _send_up(self, now: float, lr: _Learner, c: Contribution | Progress) -> None:
-        if isinstance(c, Progress):
-            self._push(lr.up.transfer(now, CONTROL_BYTES), "up", lr.id, lr.incarnation, c)
+    def _encoder(self) -> ContributionEncoder:
+        return ContributionEncoder(self.cfg.codec, self.cfg.group, self.cfg.error_feedback)
+
+    def _send_up(self, now: float, lr: _Learner, o: Outgoing | Progress) -> None:
+        if isinstance(o, Progress):
+            self._push(lr.up.transfer(now, CONTROL_BYTES), "up", lr.id, lr.incarnation, o)
             return
-        lr.inflight[c.seq] = lr.unsent[c.fragment]
-        lr.unsent[c.fragment] = 0.0
-        self.events.append(
-            Event(
-                now,
-                "sent",
-                lr.id,
-                {
-                    "fragment": c.fragment,
-                    "seq": c.seq,
-                    "base_version": c.base_version,
-                    "bytes": len(c.payload),
-                    "steps": c.steps,
-                    "tokens": c.tokens,
-                },
-            )
-        )
+        assert lr.encoder is not None
+        c = lr.encoder.encode(o)
+        if c is None:  # encoded after a heal that made it obsolete: not sent
+            return
+        lr.inflight[c.seq] = c.work_s
+        sent = Sent(c.fragment, c.seq, c.base_version, len(c.payload), c.steps, c.tokens)
+        self.events.append(Event(now, lr.id, sent))
         self._push(lr.up.transfer(now, len(c.payload)), "up", lr.id, lr.incarnation, c)
 
     # -- event handlers -----------------------------------------------------------------------
@@ -253,8 +217,6 @@ class DecoupledSim:
         lr.local_steps += 1
         tokens = batch[0].numel()
         self.tokens += tokens
-        for p in range(self.plan.P):
-            lr.unsent[p] += dt / self.plan.P
         for s in lr.proto.on_step(now, tokens, dt):
             self._send_up(now, lr, s.message)
         self._maybe_eval(now)
@@ -271,17 +233,14 @@ class DecoupledSim:
         if isinstance(c, Progress):
             self._syncer_outputs(now, self.syncer.on_progress(now, c))
             return
-        self.useful += lr.inflight.pop(c.seq, 0.0)
+        lr.inflight.pop(c.seq, None)
         self._syncer_outputs(now, self.syncer.on_contribution(now, c))
 
     def _on_down(self, now: float, lr: _Learner, msg: object) -> None:
         if isinstance(msg, Heal):
             self.events += lr.proto.on_heal(now, msg)
             if lr.incarnation > 0:
-                self.downtime += now - lr.down_since
-                self.events.append(
-                    Event(now, "rejoined", lr.id, {"downtime_s": now - lr.down_since})
-                )
+                self.events.append(Event(now, lr.id, Rejoined(now - lr.down_since)))
             self._schedule_failure(now, lr)
             if self.stopping:
                 lr.state = "done"
@@ -311,16 +270,14 @@ class DecoupledSim:
         if lr.state == "done" or self.stopping:
             return
         self._end_wait(now, lr)
-        lost = sum(lr.unsent) + sum(lr.inflight.values())
-        self.lost += lost
+        lost = lr.proto.unsent_work() + sum(lr.inflight.values())
         self.failures += 1
-        lr.unsent = [0.0] * self.plan.P
         lr.inflight.clear()
         lr.state, lr.down_since = "down", now
         lr.incarnation += 1
         lr.up.reset(now)
         lr.down.reset(now)
-        self.events.append(Event(now, "failed", lr.id, {"lost_steps_s": lost}))
+        self.events.append(Event(now, lr.id, Failed(lost)))
         self._syncer_outputs(now, self.syncer.on_lost(now, lr.id))
         self._push(now + downtime, "recover", lr.id, lr.incarnation)
 
@@ -328,8 +285,9 @@ class DecoupledSim:
         # a fresh process: new inner optimizer and protocol state; parameters come from the heal
         lr.opt = new_inner_optimizer(lr.model, self.cfg)
         lr.proto = LearnerProtocol(
-            lr.id, self.plan, dict(lr.model.named_parameters()), learner_config(self.cfg)
+            lr.id, self.plan, dict(lr.model.named_parameters()), self.cfg.learner_config()
         )
+        lr.encoder = self._encoder()
         lr.state = "joining"
         self._syncer_outputs(now, self.syncer.on_join(now, lr.id))
 
@@ -375,31 +333,26 @@ class DecoupledSim:
         if not self.curve or self.curve[-1]["tokens"] != self.tokens:
             self.curve.append({"tokens": self.tokens, "time_s": self.end_time, "eval_loss": final})
         self.curve[-1]["eval_loss"] = final
-        rounds = [e for e in self.events if e.kind == "round_closed"]
-        parts = [len(e.data["participants"]) for e in rounds]
-        stale = [s for e in rounds for s in e.data["staleness"]]
-        hist: dict[str, int] = {}
-        for n in parts:
-            hist[str(n)] = hist.get(str(n), 0) + 1
+        stats = metrics.run_stats(self.events, cfg.learners, self.end_time)
         return RunResult(
             name=self.name,
             method="decoupled",
             eval_loss=final,
             tokens=self.tokens,
             wall_time_s=self.end_time,
-            goodput=min(self.useful / max(cfg.learners * self.end_time, 1e-9), 1.0),
+            goodput=stats["goodput"],
             bytes_up=sum(lr.up.bytes_sent for lr in self.learners),
             bytes_down=sum(lr.down.bytes_sent for lr in self.learners),
             bytes_heal=self.heal_bytes,
             dp_bytes=dp_equivalent_bytes(cfg, self.tokens, self.plan.nbytes_fp32()),
-            rounds=len(rounds),
-            participants_mean=sum(parts) / max(len(parts), 1),
-            participants_hist=hist,
-            staleness_mean=sum(stale) / max(len(stale), 1),
-            staleness_max=max(stale, default=0),
-            blocked_s=self.blocked,
-            down_s=self.downtime,
-            lost_work_s=self.lost,
-            failures=self.failures,
+            rounds=stats["rounds"],
+            participants_mean=stats["participants_mean"],
+            participants_hist=stats["participants_hist"],
+            staleness_mean=stats["staleness_mean"],
+            staleness_max=stats["staleness_max"],
+            blocked_s=stats["blocked_s"],
+            down_s=stats["down_s"],
+            lost_work_s=stats["lost_work_s"],
+            failures=stats["failures"],
             curve=self.curve,
         )

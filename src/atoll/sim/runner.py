@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from atoll.config import SimConfig, with_overrides
 from atoll.core.fragments import make_plan
-from atoll.model import GPT
+from atoll.eventlog import write_events
+from atoll.model.recipe import CorpusCache, new_model
 from atoll.sim.baselines import run_data_parallel, run_sync_diloco
-from atoll.sim.config import SimConfig, with_overrides
 from atoll.sim.decoupled import DecoupledSim
 from atoll.sim.presets import Preset
-from atoll.sim.world import ProgressFn, RunResult, gpt_config
+from atoll.sim.world import ProgressFn, RunResult
 
 
 def run_one(
@@ -21,20 +21,21 @@ def run_one(
     name: str,
     progress: ProgressFn | None = None,
     events_path: Path | None = None,
+    corpora: CorpusCache | None = None,
 ) -> RunResult:
-    """Run one method; a Decoupled run can write its event stream as JSON lines."""
+    """Run one method; a Decoupled run can write its event stream as JSON lines. `corpora`:
+    corpora already read (by an earlier run of the same preset), else the run reads its own."""
     cfg = cfg.validate()
+    corpus = corpora.get(cfg) if corpora is not None else None
     if cfg.method == "data_parallel":
-        return run_data_parallel(cfg, name, progress)
+        return run_data_parallel(cfg, name, progress, corpus=corpus)
     if cfg.method == "sync_diloco":
-        return run_sync_diloco(cfg, name, progress)
-    sim = DecoupledSim(cfg, name, progress)
+        return run_sync_diloco(cfg, name, progress, corpus=corpus)
+    sim = DecoupledSim(cfg, name, progress, corpus=corpus)
     result = sim.run()
     if events_path is not None:
         events_path.parent.mkdir(parents=True, exist_ok=True)
-        with events_path.open("w") as f:
-            for e in sim.events:
-                f.write(json.dumps(e.to_dict(), sort_keys=True) + "\n")
+        write_events(events_path, sim.events)
     return result
 
 
@@ -51,7 +52,7 @@ def plan_runs(preset: Preset, overrides: dict[str, object]) -> list[tuple[str, S
 
 def check_plan(cfg: SimConfig) -> None:
     """Raise ConfigError now if the model cannot be split into cfg.P fragments."""
-    model = GPT(gpt_config(cfg))
+    model = new_model(cfg)
     make_plan(
         {n: tuple(p.shape) for n, p in model.named_parameters()},
         cfg.P,
@@ -69,10 +70,11 @@ def run_preset(
 ) -> dict:
     runs = plan_runs(preset, overrides)  # validate everything before spending compute
     out_runs = []
+    corpora = CorpusCache()  # the runs share the corpus, read once
     for name, cfg in runs:
         progress = progress_factory(name) if progress_factory else None
         events = events_dir / f"events-{name}.jsonl" if events_dir else None
-        result = run_one(cfg, name, progress, events)
+        result = run_one(cfg, name, progress, events, corpora)
         result.settings = {
             k: v
             for k, v in dataclasses.asdict(cfg).items()

@@ -1,98 +1,14 @@
-"""What every simulated method shares: model and data, evaluation, the inner optimizer,
-simulated step times, the failure schedule and links. Same seed -> same world for every method."""
+"""The simulated world every method shares: step times, the failure schedule, links, evaluation
+points and the books of a run. Same seed -> same world for every method. (The model, data and
+training recipe are atoll.model.recipe / atoll.model.train.)"""
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
-from atoll.model import GPT, ByteCorpus, GPTConfig, load_stdlib_corpus
-from atoll.model.data import load_text_files
-from atoll.sim.config import SimConfig
-
-_CORPUS_CACHE: dict[tuple[str, int], ByteCorpus] = {}
-
-
-def corpus_for(cfg: SimConfig) -> ByteCorpus:
-    key = (cfg.data, cfg.data_bytes)
-    if key not in _CORPUS_CACHE:
-        if cfg.data == "stdlib":
-            raw = load_stdlib_corpus(cfg.data_bytes)
-        else:
-            raw = load_text_files([p for p in cfg.data.split(",") if p], cfg.data_bytes)
-        _CORPUS_CACHE[key] = ByteCorpus(raw)
-    return _CORPUS_CACHE[key]
-
-
-def gpt_config(cfg: SimConfig) -> GPTConfig:
-    return GPTConfig(
-        context=cfg.context, n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model
-    )
-
-
-def new_model(cfg: SimConfig) -> GPT:
-    """The shared initialisation (seeded): every method and learner starts from it."""
-    torch.manual_seed(cfg.seed)
-    return GPT(gpt_config(cfg))
-
-
-def new_inner_optimizer(model: torch.nn.Module, cfg: SimConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
-    )
-
-
-def inner_lr(cfg: SimConfig, step: int) -> float:
-    """Linear warmup, then cosine from lr to lr/10 over `steps` (held at lr/10 after)."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = min((step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1), 1.0)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def train_step(model: GPT, opt: torch.optim.Optimizer, batch: tuple, lr: float) -> float:
-    for g in opt.param_groups:
-        g["lr"] = lr
-    x, y = batch
-    loss = model(x, y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return float(loss.detach())
-
-
-class Evaluator:
-    """Mean cross-entropy (nats/byte) of a parameter set on fixed held-out batches."""
-
-    def __init__(self, cfg: SimConfig, corpus: ByteCorpus) -> None:
-        self.model = GPT(gpt_config(cfg))
-        self.batches = corpus.eval_batches(cfg.eval_batches, cfg.batch, cfg.context, seed=1234)
-
-    @torch.no_grad()
-    def __call__(self, params: dict[str, torch.Tensor]) -> float:
-        self.model.load_state_dict(params, strict=True)
-        self.model.eval()
-        return sum(float(self.model(x, y)) for x, y in self.batches) / len(self.batches)
-
-
-class DataStream:
-    """Learner i's batches: random windows of shard i of M, from its own seeded generator.
-
-    A window may straddle two of the shard's blocks (about 1.6% of windows with 4 KiB blocks
-    and 65-byte windows) and join two unrelated stretches of text, as file boundaries do anyway.
-    """
-
-    def __init__(self, cfg: SimConfig, corpus: ByteCorpus, index: int) -> None:
-        self.source = corpus.shard(index, cfg.learners, cfg.shard_block)
-        self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + index)
-        self.batch, self.context = cfg.batch, cfg.context
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return ByteCorpus.batch(self.source, self.batch, self.context, self.gen)
+from atoll.config import SimConfig
 
 
 class StepClock:

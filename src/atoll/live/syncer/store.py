@@ -1,6 +1,10 @@
 """The syncer's durable state: an append-only event tape of committed merges plus periodic
 atomic snapshots (safetensors), and the restore that puts a SyncerProtocol back together.
 
+The protocol's state comes from `SyncerProtocol.state_dict()` / `fragment_state(p)` and goes
+back through `load_state_dict()` / `load_fragment_state()` (atoll.core.state); this module
+only puts those dicts into files.
+
 Tape: files ``tape/<first seq>.tape`` of records ``len u32 | crc32 u32 | body``; the body is a
 safetensors blob holding the fragment's new exact value, public value and outer-optimizer
 state, with JSON metadata (seq, fragment, version, grace EMAs, the driver's accounting). A
@@ -22,7 +26,6 @@ import json
 import os
 import struct
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,46 +33,51 @@ from typing import Any
 import torch
 from safetensors.torch import load, save
 
-from atoll.core.outer import OuterState
 from atoll.core.syncer import SyncerProtocol
 
 _REC = struct.Struct("<II")
 
 
-def _outer_tensors(prefix: str, st: OuterState) -> dict[str, torch.Tensor]:
-    out = {}
-    if st.buf is not None:
-        out[f"{prefix}buf"] = st.buf.contiguous()
-    if st.acc is not None:
-        out[f"{prefix}acc"] = st.acc.contiguous()
+def _tensors(prefix: str, st: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of one fragment state (atoll.core.state), named under `prefix`."""
+    out = {f"{prefix}theta": st["theta"].contiguous(), f"{prefix}public": st["public"].contiguous()}
+    for k in ("buf", "acc"):
+        if st["outer"].get(k) is not None:
+            out[f"{prefix}{k}"] = st["outer"][k].contiguous()
+    for v, t in st["history"].items():
+        if v != st["version"]:  # the current version's value is `public`
+            out[f"{prefix}hist.{v}"] = t.contiguous()
     return out
 
 
-def _grace_state(proto: SyncerProtocol) -> dict[str, float | None]:
-    g = proto.grace
-    return {"step": g.step.value, "to_quorum": g.to_quorum.value, "sync": g.sync.value}
+def _meta(st: dict[str, Any]) -> dict[str, Any]:
+    return {"fragment": st["fragment"], "version": st["version"], "count": st["outer"]["count"],
+            "history": list(st["history"])}  # fmt: skip
 
 
-def _set_grace(proto: SyncerProtocol, st: dict[str, float | None]) -> None:
-    proto.grace.step.value = st.get("step")
-    proto.grace.to_quorum.value = st.get("to_quorum")
-    proto.grace.sync.value = st.get("sync")
+def _state(prefix: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A fragment state back from `_meta` and `_tensors`."""
+    public = tensors[f"{prefix}public"]
+    return {
+        "fragment": meta["fragment"],
+        "version": meta["version"],
+        "theta": tensors[f"{prefix}theta"],
+        "public": public,
+        "outer": {
+            "buf": tensors.get(f"{prefix}buf"),
+            "acc": tensors.get(f"{prefix}acc"),
+            "count": meta["count"],
+        },
+        "history": {v: tensors.get(f"{prefix}hist.{v}", public) for v in meta["history"]},
+    }
 
 
 def commit_record(proto: SyncerProtocol, seq: int, p: int, extra: dict[str, Any]) -> bytes:
     """The tape record of fragment p's state right after a merge."""
-    tensors = {"theta": proto.theta[p].contiguous(), "public": proto.public[p].contiguous()}
-    tensors.update(_outer_tensors("", proto.outer_state[p]))
-    meta = {
-        "seq": seq,
-        "fragment": p,
-        "version": proto.version[p],
-        "count": proto.outer_state[p].count,
-        "rounds_closed": proto.rounds_closed,
-        "grace": _grace_state(proto),
-        "extra": extra,
-    }
-    return save(tensors, metadata={"json": json.dumps(meta)})
+    st = proto.fragment_state(p)
+    meta = {"seq": seq, **_meta(st), "rounds_closed": st["rounds_closed"], "grace": st["grace"],
+            "extra": extra}  # fmt: skip
+    return save(_tensors("", st), metadata={"json": json.dumps(meta)})
 
 
 class Tape:
@@ -152,34 +160,20 @@ class Restored:
 
 
 def write_snapshot(
-    path: Path, proto: SyncerProtocol, tape_next: int, extra: dict[str, Any], keep_history: int
+    path: Path, state: dict[str, Any], tape_next: int, extra: dict[str, Any]
 ) -> None:
-    """Atomically write the whole syncer state (call with the state's lock held or on copies)."""
+    """Atomically write a syncer state (`SyncerProtocol.state_dict()`, copies)."""
     tensors: dict[str, torch.Tensor] = {}
-    frags = []
-    for p in range(proto.plan.P):
-        tensors[f"theta.{p}"] = proto.theta[p].contiguous()
-        tensors[f"public.{p}"] = proto.public[p].contiguous()
-        tensors.update(_outer_tensors(f"outer.{p}.", proto.outer_state[p]))
-        hist = list(proto.history[p].items())[-keep_history:]
-        for v, t in hist:
-            if v != proto.version[p]:
-                tensors[f"hist.{p}.{v}"] = t.contiguous()
-        frags.append(
-            {
-                "version": proto.version[p],
-                "count": proto.outer_state[p].count,
-                "history": [v for v, _ in hist],
-            }
-        )
+    for st in state["fragments"]:
+        tensors.update(_tensors(f"{st['fragment']}.", st))
     meta = {
         "tape_next": tape_next,
-        "rounds_closed": proto.rounds_closed,
-        "grace": _grace_state(proto),
-        "fragments": frags,
+        "rounds_closed": state["rounds_closed"],
+        "grace": state["grace"],
+        "fragments": [_meta(st) for st in state["fragments"]],
         "extra": extra,
     }
-    blob = save({k: v.clone() for k, v in tensors.items()}, metadata={"json": json.dumps(meta)})
+    blob = save(tensors, metadata={"json": json.dumps(meta)})
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
         fh.write(blob)
@@ -193,48 +187,18 @@ def write_snapshot(
         os.close(dir_fd)
 
 
-def _apply_record(proto: SyncerProtocol, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    p, v = meta["fragment"], meta["version"]
-    proto.theta[p] = tensors["theta"].clone()
-    proto.public[p] = tensors["public"].clone()
-    proto.version[p] = v
-    proto.outer_state[p] = OuterState(
-        buf=tensors["buf"].clone() if "buf" in tensors else None,
-        acc=tensors["acc"].clone() if "acc" in tensors else None,
-        count=meta["count"],
-    )
-    hist = proto.history[p]
-    hist[v] = proto.public[p].clone()
-    while len(hist) > proto.cfg.history:
-        hist.popitem(last=False)
-    proto.rounds_closed = meta["rounds_closed"]
-    _set_grace(proto, meta["grace"])
-
-
 def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> Restored:
-    """Load snapshot + tape into `proto` (freshly built from the same plan and config)."""
+    """Load snapshot + tape into `proto` (freshly built from the same plan and config) through
+    its `load_state_dict` / `load_fragment_state` only."""
     out = Restored()
     if snapshot.exists():
         blob = snapshot.read_bytes()
         tensors = load(blob)
         meta = json.loads(_metadata(blob)["json"])
-        for p, f in enumerate(meta["fragments"]):
-            proto.theta[p] = tensors[f"theta.{p}"].clone()
-            proto.public[p] = tensors[f"public.{p}"].clone()
-            proto.version[p] = f["version"]
-            buf, acc = tensors.get(f"outer.{p}.buf"), tensors.get(f"outer.{p}.acc")
-            proto.outer_state[p] = OuterState(
-                buf=None if buf is None else buf.clone(),
-                acc=None if acc is None else acc.clone(),
-                count=f["count"],
-            )
-            hist: OrderedDict[int, torch.Tensor] = OrderedDict()
-            for v in f["history"]:
-                key = f"hist.{p}.{v}"
-                hist[v] = tensors[key].clone() if key in tensors else proto.public[p].clone()
-            proto.history[p] = hist
-        proto.rounds_closed = meta["rounds_closed"]
-        _set_grace(proto, meta["grace"])
+        frags = [_state(f"{f['fragment']}.", f, tensors) for f in meta["fragments"]]
+        proto.load_state_dict(
+            {"rounds_closed": meta["rounds_closed"], "grace": meta["grace"], "fragments": frags}
+        )
         out.snapshot_seq = meta["tape_next"]
         out.extra = meta["extra"]
         out.found = True
@@ -244,7 +208,10 @@ def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> Restored:
         for tensors, meta in read_records(path):
             if meta["seq"] < out.snapshot_seq:
                 continue
-            _apply_record(proto, tensors, meta)
+            st = _state("", meta, tensors)
+            proto.load_fragment_state(
+                {**st, "rounds_closed": meta["rounds_closed"], "grace": meta["grace"]}
+            )
             committed[meta["fragment"]] = max(committed.get(meta["fragment"], 0), meta["version"])
             out.replayed += 1
             out.extra = meta["extra"]
@@ -252,6 +219,6 @@ def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> Restored:
             next_seq = max(next_seq, meta["seq"] + 1)
     # check the tape against the restored state: every committed version must be there
     out.lost_committed_rounds = sum(max(0, v - proto.version[p]) for p, v in committed.items())
-    proto.round_id = [r + 1 for r in proto.round_id]
+    proto.loaded()
     tape.next_seq = next_seq
     return out

@@ -2,7 +2,9 @@
 
 Every process of a run (syncer, learners, launcher) appends to the same file; each line is one
 ``os.write`` on a descriptor opened with O_APPEND, so lines from different processes never
-interleave. Events follow atoll.core.events (t, kind, source, data); t is wall-clock seconds.
+interleave. Events are atoll.core.events' typed records (t, kind, source, data): `emit`
+refuses a kind or field that is not defined there. The virtual-time driver writes its streams
+with `write_events`; `load_events` reads either back as typed events.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ class EventLog:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def emit(self, kind: str, source: str, **data: Any) -> None:
-        self.write(Event(time.time(), kind, source, data))
+        """Write an event of `kind` (one of atoll.core.events.KINDS) stamped now."""
+        self.write(Event.make(time.time(), kind, source, **data))
 
     def write(self, event: Event) -> None:
         if self._fd is None:
             return
-        line = json.dumps(event.to_dict(), default=_default) + "\n"
+        line = json.dumps(event.to_dict(), default=_default, sort_keys=True) + "\n"
         with self._lock:
             os.write(self._fd, line.encode())
 
@@ -60,3 +63,15 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def load_events(path: str | Path) -> list[Event]:
+    """The events of an events.jsonl as typed records (atoll.core.events)."""
+    return [Event.from_dict(d) for d in read_events(path)]
+
+
+def write_events(path: str | Path, events: list[Event]) -> None:
+    """Write a whole stream (the virtual-time driver's) in the same format."""
+    with open(path, "w") as f:
+        for e in events:
+            f.write(json.dumps(e.to_dict(), sort_keys=True) + "\n")

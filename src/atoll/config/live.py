@@ -1,0 +1,75 @@
+"""The live-only settings (`atoll run`, `atoll syncer`, `atoll learner`); the model, data and
+protocol settings of a live run are those of `SimConfig` (atoll.config.settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atoll.errors import ConfigError
+
+COMM_MODES = ("auto", "process", "thread")  # where a learner's communication runs
+
+
+def check_comm(mode: str) -> str:
+    if mode not in COMM_MODES:
+        raise ConfigError("comm", mode, f"one of {', '.join(COMM_MODES)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: an ephemeral port chosen by the launcher
+    chunk_bytes: int = 256 * 1024
+    heartbeat_s: float = 0.5
+    lost_after_s: float = 3.0  # a learner silent this long is out of the quorum
+    snapshot_every_s: float = 10.0
+    snapshot_history: int = 8  # public versions per fragment kept in a snapshot
+    tape_fsync: bool = False  # fsync every tape record (power-loss durability)
+    wait_s: float = 0.0  # longest a learner waits at step s+tau for a late answer
+    pace_s: float = 0.0  # built-in learner: step k ends at start + k*pace_s*speed (0: free)
+    start_barrier: bool = True  # built-in learners start together once all have joined
+    shape_mbps: str = "0"  # per-learner upload limit (token bucket), 0 = unshaped
+    # built-in learner's communication: a child "process", "thread"s, or "auto": a process when
+    # the machine has at least 2 cores per learner on it, else threads (fewer processes);
+    # resolved at run time by atoll.live.comm_mode.resolve_comm
+    comm: str = "auto"
+    chaos: str = ""  # e.g. "kill:L1@20+3,stop:L2@30+2,kill:syncer@40+2" or "random:3"
+    chaos_seed: int = 0
+    restart_delay_s: float = 3.0
+    max_wall_s: float = 900.0
+    eval: bool = True
+
+    def shape_factors(self, learners: int) -> list[float]:
+        return _per_learner("shape_mbps", self.shape_mbps, learners, allow_zero=True)
+
+    def validate(self) -> LiveConfig:
+        if not 0 <= self.port < 65536:
+            raise ConfigError("port", self.port, "an integer in [0, 65535] (0: ephemeral)")
+        for k in ("heartbeat_s", "lost_after_s", "snapshot_every_s", "max_wall_s"):
+            if not getattr(self, k) > 0:
+                raise ConfigError(k, getattr(self, k), "a number > 0 (seconds)")
+        if self.lost_after_s < 2 * self.heartbeat_s:
+            raise ConfigError("lost_after_s", self.lost_after_s, "at least 2 * heartbeat_s")
+        if self.chunk_bytes < 1024:
+            raise ConfigError("chunk_bytes", self.chunk_bytes, "an integer >= 1024")
+        if self.snapshot_history < 2:
+            raise ConfigError("snapshot_history", self.snapshot_history, "an integer >= 2")
+        check_comm(self.comm)
+        if self.pace_s < 0:
+            raise ConfigError("pace_s", self.pace_s, "a number >= 0 (seconds per step)")
+        if self.wait_s < 0 or self.restart_delay_s < 0:
+            raise ConfigError("wait_s/restart_delay_s", self.wait_s, "numbers >= 0")
+        return self
+
+
+def _per_learner(key: str, raw: str, n: int, allow_zero: bool = False) -> list[float]:
+    try:
+        vals = [float(x) for x in str(raw).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(key, raw, "comma-separated numbers") from None
+    if len(vals) == 1:
+        vals = vals * n
+    if len(vals) != n or any(v < 0 or (v == 0 and not allow_zero) for v in vals):
+        raise ConfigError(key, raw, f"one number, or {n} of them (one per learner)")
+    return vals

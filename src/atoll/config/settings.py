@@ -1,0 +1,215 @@
+"""The settings of a run, grouped by concern, each group with its own `validate`.
+
+- RunSettings       which method, seed, how many learners, how long, torch threads
+- ModelSettings     the built-in model, its data, evaluation and inner optimizer
+- ProtocolSettings  fragments, schedule, syncer, outer optimizer, wire codecs, receipt; the one
+                    conversion to the core's LearnerConfig / SyncerConfig
+- WorldSettings     the simulated world: step times, links, failures
+
+`SimConfig` is all four in one flat frozen dataclass (by inheritance, fields in the order
+above), so `cfg.learners`, `cfg.P` and `dataclasses.asdict(cfg)` see every key. The live-only
+settings are `atoll.config.live.LiveConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from atoll.errors import ConfigError
+
+if TYPE_CHECKING:
+    from atoll.core.learner import LearnerConfig
+    from atoll.core.syncer import SyncerConfig
+
+METHODS = ("data_parallel", "sync_diloco", "decoupled")
+
+
+def need(cfg: object, ok: bool, key: str, allowed: str) -> None:
+    """Raise ConfigError naming `key`, its value on `cfg` and what is allowed, unless `ok`."""
+    if not ok:
+        raise ConfigError(key, getattr(cfg, key), allowed)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    method: str = "decoupled"
+    seed: int = 0
+    learners: int = 4  # M
+    steps: int = 150  # inner steps per learner; token budget = learners*steps*batch*context
+    threads: int = 1  # torch threads (the math is identical for a given value)
+
+    def validate(self) -> RunSettings:
+        need(self, self.method in METHODS, "method", f"one of {METHODS}")
+        need(self, self.learners >= 1, "learners", "an integer >= 1")
+        need(self, self.steps >= 1, "steps", "an integer >= 1")
+        need(self, self.threads >= 1, "threads", "an integer >= 1")
+        return self
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    # model and data
+    n_layer: int = 2
+    d_model: int = 64
+    n_head: int = 4
+    context: int = 64
+    batch: int = 16
+    data: str = "stdlib"  # "stdlib" or comma-separated text file paths
+    data_bytes: int = 4_000_000
+    shard_block: int = 4096  # bytes per block dealt round robin to learners; 0 = contiguous
+    eval_batches: int = 8
+    eval_points: int = 8
+    # inner optimizer (AdamW, linear warmup then cosine to 10% over `steps`)
+    lr: float = 3e-3
+    warmup: int = 20
+    weight_decay: float = 0.0
+
+    def validate(self) -> ModelSettings:
+        sizes = ("n_layer", "d_model", "n_head", "context", "batch", "eval_batches", "eval_points")
+        for k in sizes:
+            need(self, getattr(self, k) >= 1, k, "an integer >= 1")
+        need(
+            self,
+            self.d_model % self.n_head == 0,
+            "d_model",
+            f"a multiple of n_head={self.n_head}",
+        )
+        need(self, self.lr > 0, "lr", "a number > 0")
+        need(self, self.shard_block >= 0, "shard_block", "an integer >= 0 (0 = contiguous shards)")
+        need(self, self.warmup >= 0, "warmup", "an integer >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    # fragments and schedule
+    P: int = 24
+    H: int = 24
+    tau: int = 2
+    packing: str = "balanced"
+    schedule: str = "pull"  # "pull": the syncer paces rounds; "push": each learner's step count
+    # syncer
+    quorum: int = 1  # K
+    grace: bool = True
+    grace_gamma: float = 0.5
+    grace_ema: float = 0.1
+    merge: str = "rda"
+    weighting: str = "tokens"
+    # outer optimizer: plain SGD with lr 1 (the merged value itself) measured best at this
+    # scale; Nesterov (0.7, 0.9) lost 0.3-0.4 nats (benchmarks/results/outer_sweep.json)
+    outer: str = "sgd"
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.9
+    outer_delay: int = 4
+    # wire
+    codec: str = "int4"
+    down_codec: str = "fp32"
+    group: int = 64
+    error_feedback: bool = True
+    sync_codec: str = "fp32"  # outer-gradient all-reduce of synchronous DiLoCo
+    # learner receipt
+    receipt: str = "overwrite"
+    alpha: float = 0.5
+    block: bool = True
+
+    def validate(self, learners: int | None = None) -> ProtocolSettings:
+        """`learners` (M), when known, bounds the quorum: K <= M."""
+        need(self, self.group >= 1, "group", "an integer >= 1")
+        need(self, self.H >= 1, "H", "an integer >= 1")
+        need(self, self.schedule in ("pull", "push"), "schedule", "'pull' or 'push'")
+        need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
+        need(self, 0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")
+        if learners is None:
+            need(self, self.quorum >= 1, "quorum", "an integer >= 1")
+        else:
+            need(
+                self,
+                1 <= self.quorum <= learners,
+                "quorum",
+                f"an integer in [1, learners={learners}] (K <= M)",
+            )
+        return self
+
+    def learner_config(self) -> LearnerConfig:
+        """The core learner state machine's settings (every field of it is one of ours)."""
+        from atoll.core.learner import LearnerConfig
+
+        return LearnerConfig(**self._fields_of(LearnerConfig))
+
+    def syncer_config(self) -> SyncerConfig:
+        """The core syncer state machine's settings (`history` keeps its default)."""
+        from atoll.core.syncer import SyncerConfig
+
+        return SyncerConfig(**self._fields_of(SyncerConfig))
+
+    def _fields_of(self, cls: type) -> dict[str, object]:
+        names = {f.name for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(cls) if f.name in names}
+
+
+@dataclass(frozen=True)
+class WorldSettings:
+    # simulated hardware
+    step_time_s: float = 1.0
+    speeds: str = "1"  # step-time factor per learner, comma separated (one value: all)
+    speed_noise: float = 0.0  # relative std of each step's time
+    bandwidth_mbps: float = 1000.0  # per learner link, each direction
+    latency_ms: float = 20.0
+    # failures (per learner Poisson; 0 = none)
+    mtbf_s: float = 0.0
+    downtime_s: float = 30.0
+    downtime_jitter: float = 0.5
+
+    def speeds_for(self, learners: int) -> list[float]:
+        """One step-time factor per learner, from `speeds`."""
+        try:
+            vals = [float(x) for x in str(self.speeds).split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError("speeds", self.speeds, "comma-separated numbers > 0") from None
+        if len(vals) == 1:
+            vals = vals * learners
+        if len(vals) != learners or any(v <= 0 for v in vals):
+            raise ConfigError(
+                "speeds",
+                self.speeds,
+                f"one number > 0, or {learners} of them (one per learner)",
+            )
+        return vals
+
+    def validate(self, learners: int | None = None) -> WorldSettings:
+        """`learners`, when known, is the number of `speeds` factors expected."""
+        need(self, self.step_time_s > 0, "step_time_s", "a number > 0")
+        need(self, self.speed_noise >= 0, "speed_noise", "a number >= 0")
+        need(
+            self,
+            self.bandwidth_mbps > 0,
+            "bandwidth_mbps",
+            "a number > 0 (megabits per second)",
+        )
+        need(self, self.latency_ms >= 0, "latency_ms", "a number >= 0")
+        need(self, self.mtbf_s >= 0, "mtbf_s", "a number >= 0 (0 = no failures)")
+        need(self, self.downtime_s >= 0, "downtime_s", "a number >= 0")
+        need(self, 0 <= self.downtime_jitter < 1, "downtime_jitter", "a number in [0, 1)")
+        if learners is not None:
+            self.speeds_for(learners)
+        return self
+
+
+@dataclass(frozen=True)
+class SimConfig(WorldSettings, ProtocolSettings, ModelSettings, RunSettings):
+    """Every setting of a run (simulated, or the model/protocol half of a live one)."""
+
+    def speed_factors(self) -> list[float]:
+        return self.speeds_for(self.learners)
+
+    def token_budget(self) -> int:
+        return self.learners * self.steps * self.batch * self.context
+
+    def validate(self) -> SimConfig:
+        RunSettings.validate(self)
+        ModelSettings.validate(self)
+        ProtocolSettings.validate(self, self.learners)
+        WorldSettings.validate(self, self.learners)
+        return self

@@ -1,0 +1,64 @@
+"""What the syncer checks before a contribution may touch any state.
+
+Every refusal is a `Rejection(code, reason)`: a typed code (`messages.Refusal`, whose `action`
+tells the learner to heal or rejoin) and a message naming the value and what is allowed. A
+refused contribution leaves the syncer's state bit-identical. Both drivers use these checks;
+the live driver adds only what is about its transport (protocol version, chunking, size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container
+
+from atoll.core import codec
+from atoll.core.fragments import FragmentPlan
+from atoll.core.messages import Contribution, Refusal, Rejection
+
+
+def check_numbers(c: Contribution) -> Rejection | None:
+    """The header's numbers: finite and >= 0 times, non-negative counters."""
+    for k in ("sent_at", "step_time", "work_s"):
+        v = getattr(c, k)
+        if not math.isfinite(v) or v < 0:
+            return Rejection(Refusal.HEADER, f"{k}={v} is not a finite number >= 0")
+    if c.steps < 0 or c.tokens < 0:
+        return Rejection(
+            Refusal.COUNTERS, f"negative counters (steps={c.steps}, tokens={c.tokens})"
+        )
+    return None
+
+
+def check_contribution(
+    c: Contribution,
+    plan: FragmentPlan,
+    live: Container[str],
+    held: Container[int] | None,
+    version: int,
+    scheme: str = "",
+) -> Rejection | None:
+    """`held`: the base versions of fragment c.fragment the syncer still has; `scheme`: the
+    codec the learners were told to use ('' accepts any)."""
+    if not 0 <= c.fragment < plan.P:
+        return Rejection(Refusal.FRAGMENT, f"fragment {c.fragment} out of range [0, {plan.P})")
+    if c.learner not in live:
+        return Rejection(Refusal.NOT_JOINED, f"learner {c.learner} has not joined")
+    bad = check_numbers(c)
+    if bad is not None:
+        return bad
+    if held is None or c.base_version not in held:
+        return Rejection(
+            Refusal.STALE_BASE,
+            f"base version {c.base_version} of fragment {c.fragment} is not held "
+            f"(current {version}); the learner must heal",
+        )
+    try:
+        got, numel = codec.peek(c.payload)
+    except codec.CodecError as exc:
+        return Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
+    if scheme and got != scheme:
+        return Rejection(Refusal.PAYLOAD, f"codec {got}, this run uses {scheme}")
+    want = plan.fragments[c.fragment].numel
+    if numel != want:
+        return Rejection(Refusal.PAYLOAD, f"fragment {c.fragment} has {want} values, got {numel}")
+    return None

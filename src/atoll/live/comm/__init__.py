@@ -1,0 +1,21 @@
+"""A learner's communication with the syncer: gRPC streams, encoding, heartbeats, reconnects.
+
+- side.py      `Comm`: the four threads below, composed; the training side's messages in
+- link.py      what they share: channels, the session (newest Welcome), status reports
+- downlink.py  the Join stream: welcome, heal, updates (reassembled, crc-checked, decoded)
+- uplink.py    the send queue, encoding with error feedback, PushOne / Push, shaping
+- control.py   heartbeats and the Pulls stream, on the control channel
+- child.py     the child-process entry (`python -m atoll.live.comm.child`)
+
+By default it runs in a child process of the learner (at nice +10 so that its wake-ups do not
+preempt the training thread; vectors pass through shared slots, atoll.live.shm, and it sends
+no heartbeat while the training process is stopped); `Learner(comm="thread")` runs it in
+threads of the learner's process. Reconnects use backoff 0.2 s doubling to 2 s with jitter.
+"""
+
+from __future__ import annotations
+
+from atoll.live.comm.side import Comm
+from atoll.live.learner.messages import CommOptions
+
+__all__ = ["Comm", "CommOptions"]

@@ -1,0 +1,129 @@
+"""The control channel (a TCP connection of its own: control traffic stays off the bulk path):
+heartbeats, and with the pull schedule the Pulls stream.
+
+Heartbeats carry the learner's counters (steps, tokens, step time, step-seconds), which also
+pace the syncer's pull clock; none goes out while the training process is stopped (child
+process mode reads /proc/<pid>/stat), so that a SIGSTOPped learner is declared lost. A reply
+may end the run (`stop`), give the learner its share of the token budget, or say the syncer
+does not know us (or restarted): the Join stream is then reopened.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from atoll.live.learner.messages import PullReceived, StepState
+from atoll.wire import PROTOCOL, convert
+from atoll.wire import atoll_pb2 as pb
+
+if TYPE_CHECKING:
+    from atoll.live.comm.link import Link
+
+
+def process_stopped(pid: int) -> bool:
+    """True while process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger), from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
+
+
+class Control:
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    # -- heartbeats ---------------------------------------------------------------------------
+    def beat(self, st: StepState) -> pb.Beat:
+        """A heartbeat carrying the learner's counters from step state `st`."""
+        return pb.Beat(
+            learner=self.link.id,
+            incarnation=self.link.o.incarnation,
+            step=st.steps,
+            tokens=st.tokens,
+            step_time=st.step_time,
+            work_s=st.work_s,
+        )
+
+    def beat_once(self) -> None:
+        """Report the final counters (tokens, step-seconds) synchronously."""
+        link = self.link
+        st = link.state
+        if st is None:
+            return
+        try:
+            link.control_stub.Heartbeat(self.beat(st), metadata=link.metadata, timeout=2.0)
+        except grpc.RpcError:
+            pass
+
+    def run_beats(self) -> None:
+        """The beat thread."""
+        link = self.link
+        while not link.closing.is_set():
+            if link.beat_now.wait(link.o.heartbeat_s):
+                link.beat_now.clear()
+            if link.closing.is_set():
+                return
+            st = link.state
+            if st is None or (link.o.parent_pid and process_stopped(link.o.parent_pid)):
+                continue  # a stopped training process is not alive, whatever this side does
+            try:
+                reply = link.control_stub.Heartbeat(
+                    self.beat(st),
+                    metadata=link.metadata,
+                    timeout=max(2.0, 4 * link.o.heartbeat_s),
+                )
+            except grpc.RpcError:
+                continue
+            if reply.stop:
+                link.status(stop=True)
+            elif reply.budget:
+                link.status(share=(st.tokens, reply.remaining / max(reply.live, 1)))
+            if link.connected.is_set() and (not reply.known or reply.epoch != link.epoch):
+                link.cancel_join()
+
+    # -- the Pulls stream (pull schedule) -----------------------------------------------------
+    def run_pulls(self) -> None:
+        """The ctl thread: keeps the Pulls stream open while the schedule is "pull" and hands
+        each pull to the training side (handled there at the next step boundary). The stream
+        is read by this thread itself (single-threaded unary-stream channel option): no extra
+        wake-ups."""
+        link = self.link
+        backoff = 0.2
+        while not link.closing.is_set():
+            if link.schedule != "pull":
+                link.closing.wait(0.2)  # push: no Pulls stream (the schedule may change on rejoin)
+                continue
+            if not link.connected.wait(0.2):
+                continue
+            joins = link.joins
+            hello = pb.ControlHello(
+                protocol=PROTOCOL, learner=link.id, incarnation=link.o.incarnation
+            )
+            call = link.control_stub.Pulls(hello, metadata=link.metadata)
+            with link.lock:
+                link.ctl_call = call
+            try:
+                for msg in call:
+                    if backoff > 0:  # the first message: the syncer registered the stream
+                        backoff = 0.0
+                        link.beat_now.set()  # report our steps now: it can pull us
+                    now = time.time()
+                    for pull in convert.pulls_from_message(msg):
+                        link.sink(PullReceived(pull, now))
+            except grpc.RpcError:
+                pass
+            finally:
+                with link.lock:
+                    link.ctl_call = None
+            if link.joins != joins:  # the Join stream reconnected meanwhile: reopen at once
+                backoff = 0.2
+                continue
+            backoff = min(max(backoff, 0.1) * 2, 2.0)
+            if link.closing.wait(backoff * random.uniform(0.8, 1.2)):
+                break

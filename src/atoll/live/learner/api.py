@@ -1,0 +1,404 @@
+"""The learner library: Decoupled DiLoCo for any PyTorch training loop.
+
+    learner = Learner(model, inner_optimizer, syncer="127.0.0.1:7070", learner_id="L0")
+    for batch in data:
+        loss = ...; loss.backward(); inner_optimizer.step(); inner_optimizer.zero_grad()
+        learner.step(tokens=batch_tokens)   # never blocks on the network
+        if learner.should_stop:
+            break
+    learner.finish()
+
+`Learner` drives atoll.core.learner.LearnerProtocol. All protocol calls happen in the training
+thread, inside `step()` (a step boundary). At that boundary the learner applies what arrived,
+takes the contributions now due (`Outgoing`: plain float32 deltas base - theta, the snapshot
+is the step boundary's), and hands them to the communication side (atoll.live.comm), which
+encodes (quantizes, compresses, error feedback) and sends them. It runs in a child process
+(`comm="process"`, what the default "auto" picks with 2 or more cores: no background Python
+thread competes for the training process's GIL; a step boundary costs one socket write, one
+read, and copies through shared memory slots, atoll.live.shm) or in background threads
+(`comm="thread"`: no second process, but those threads take the GIL from the training loop at
+every message; measured +4 to +5% per step of the built-in model against +2.3% for the child
+process, BENCHMARKS.md). The two transports are atoll.live.learner.ports; what the sides say,
+atoll.live.learner.messages.
+
+Schedules (the syncer's choice, sent in its Welcome): "pull" (default) - the learner's
+heartbeats report its step count and step time, which pace the syncer's pull clock, and it
+sends a fragment at the first step boundary after the syncer pulls it (at once when it is
+waiting for an answer); "push" - it sends on its own step count.
+
+If the syncer goes away, the communication side reconnects and *resumes*: the learner keeps
+its local progress when the syncer still holds its base versions, and heals (loads every global
+fragment) otherwise. The constructor blocks until the first heal: a learner never trains from
+its own initialisation. The inner optimizer is left alone (its state is kept across receipts,
+as in DiLoCo).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections import deque
+
+import torch
+
+from atoll.core.fragments import FlatFragments, FragmentPlan
+from atoll.core.learner import LearnerProtocol
+from atoll.core.messages import Heal, Outgoing, Send
+from atoll.errors import ConfigError
+from atoll.eventlog import EventLog
+from atoll.live.comm_mode import resolve_comm
+from atoll.live.learner.messages import (
+    BeatDone,
+    BeatOnce,
+    CommFailed,
+    CommOptions,
+    CommStatus,
+    Finishing,
+    FromComm,
+    HealReceived,
+    PullReceived,
+    PushRefused,
+    RequestHeal,
+    Reset,
+    StepState,
+    Submit,
+    UpdateReceived,
+    Welcomed,
+)
+from atoll.live.learner.ports import ClosedPort, ProcessPort, ThreadPort
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import convert
+from atoll.wire.auth import load_secret
+
+
+def _median_ms(xs: deque[float]) -> float | None:
+    """Median of a few recent latencies, in ms (None if there are none)."""
+    vals = sorted(xs)
+    return round(1e3 * vals[len(vals) // 2], 3) if vals else None
+
+
+def check_params(plan: FragmentPlan, params: dict[str, torch.Tensor]) -> None:
+    """The model must have exactly the syncer's tensors, with the same shapes."""
+    want = {n: s for f in plan.fragments for n, s in zip(f.names, f.shapes, strict=True)}
+    have = {n: tuple(p.shape) for n, p in params.items()}
+    if set(want) != set(have):
+        missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+        raise ConfigError(
+            "model", f"missing {missing[:5]}, unknown {extra[:5]}", "the syncer's parameter names"
+        )
+    bad = [n for n in want if want[n] != have[n]]
+    if bad:
+        n = bad[0]
+        raise ConfigError("model", f"{n} has shape {have[n]}", f"shape {want[n]} (syncer's)")
+
+
+class Learner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        inner_optimizer: torch.optim.Optimizer | None = None,
+        syncer: str = "127.0.0.1:7070",
+        *,
+        learner_id: str | None = None,
+        run_id: str = "atoll",
+        secret: str | None = None,
+        secret_file: str | None = None,
+        tls_ca: str | None = None,
+        wait_s: float = 0.0,
+        shape_mbps: float = 0.0,
+        heartbeat_s: float = 0.5,
+        connect_timeout_s: float = 60.0,
+        events: EventLog | str | None = None,
+        comm: str = "auto",
+        switch_interval_s: float | None = None,
+    ) -> None:
+        """Join the syncer at `syncer` ("host:port") and block until healed from it.
+
+        `comm`: where the communication runs, "process", "thread" or "auto" ("process" when
+        this machine has 2 or more cores, else "thread"); see the module notes.
+
+        `switch_interval_s`: None (default) leaves the interpreter alone. A number is passed
+        to `sys.setswitchinterval` when the communication runs in threads ("thread", or what
+        "auto" picked), which changes it for the whole process. Those threads run Python
+        (protobuf, grpc's iterators); with Python's default 5 ms GIL switch interval the
+        training thread can wait that long each time it comes back from a torch op, so with
+        comm="thread" pass e.g. 2e-4 (0.2 ms: what `atoll learner` and the measurements use)
+        to bound that wait. Ignored with a child process (no competing threads)."""
+        if ":" not in syncer:
+            raise ConfigError("syncer", syncer, "host:port")
+        comm = resolve_comm(comm, 1)  # "auto": a child process if this machine has 2+ cores
+        if comm == "thread" and switch_interval_s is not None:
+            sys.setswitchinterval(switch_interval_s)
+        self.model = model
+        self.optimizer = inner_optimizer
+        self.address = syncer
+        self.id = learner_id or f"learner-{uuid.uuid4().hex[:6]}"
+        self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.run_id = run_id
+        self.secret = secret if secret is not None else load_secret(secret_file)
+        self.wait_s = wait_s
+        self.events = events if isinstance(events, EventLog) else EventLog(events)
+        self.started = time.time()
+        self.params = dict(model.named_parameters())
+        self.proto: LearnerProtocol | None = None
+        # counters (the step ones are reported in heartbeats)
+        self.steps_done = 0
+        self.tokens_done = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.refused = 0
+        self.reconnects = 0
+        self.pulls = 0
+        self.pull_latency_s: deque[float] = deque(maxlen=256)  # syncer's send -> comm side
+        self._connected = False
+        self._stop = False
+        self._share: tuple[int, float] | None = None  # (tokens at last beat, our share left)
+        self._submitted = 0
+        self._comm_status = CommStatus()
+        self._submits: list[Submit] = []
+        self._last_step_t = 0.0
+        self._first_step_logged = False
+        opts = CommOptions(
+            address=syncer,
+            learner_id=self.id,
+            incarnation=self.incarnation,
+            run_id=run_id,
+            secret=self.secret,
+            tls_ca=tls_ca,
+            shape_mbps=shape_mbps,
+            heartbeat_s=heartbeat_s,
+            events_path=str(self.events.path) if self.events.path else None,
+        )
+        self.port: ThreadPort | ProcessPort | ClosedPort = (
+            ProcessPort(opts, sum(t.numel() for t in self.params.values()), len(self.params))
+            if comm == "process"
+            else ThreadPort(opts)
+        )
+        self._await_first_heal(connect_timeout_s)
+
+    # -- start-up -----------------------------------------------------------------------------
+    def _await_first_heal(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        welcome = None
+        while time.time() < deadline:
+            match self.port.get(0.2):
+                case Welcomed(data):
+                    welcome = pb.Welcome.FromString(data)
+                case CommFailed(reason):
+                    self.close()
+                    raise ConnectionError(reason)
+                case CommStatus() as st:
+                    self._status(st)
+                case HealReceived(heal) if welcome is not None:
+                    plan = convert.plan_from_welcome(welcome)
+                    cfg = convert.learner_config_from_welcome(welcome, block=True)
+                    check_params(plan, self.params)
+                    flat = FlatFragments(plan, self.params)  # one op per fragment taken or set
+                    self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat)
+                    self.port.layout([f.numel for f in plan.fragments])
+                    self._apply_heal(heal)
+                    return
+        self.close()
+        raise TimeoutError(f"no heal from the syncer at {self.address} within {timeout:.0f} s")
+
+    def _apply_heal(self, heal: Heal) -> None:
+        assert self.proto is not None
+        now = time.time()
+        self.bytes_down += heal.nbytes
+        for e in self.proto.on_heal(now, heal):  # a new generation: older sends are obsolete
+            self.events.emit(
+                e.kind, self.id, incarnation=self.incarnation, since_start_s=now - self.started
+            )
+        self.port.send(Reset(self.proto.generation))
+        self._flush()
+        self._last_step_t = time.time()
+
+    # -- the training thread ------------------------------------------------------------------
+    @property
+    def should_stop(self) -> bool:
+        """The syncer says the run's token budget is spent."""
+        if self._stop:
+            return True
+        share = self._share
+        return share is not None and self.tokens_done - share[0] >= share[1]
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def work_s(self) -> float:
+        """Step-seconds trained since the first heal (reported in heartbeats)."""
+        return self.proto.work_s if self.proto is not None else 0.0
+
+    def step(self, tokens: int) -> None:
+        """Call after every inner optimizer step. Applies received global fragments (at this
+        step boundary), hands over the contributions now due, and returns; it does no network
+        I/O and no encoding."""
+        proto = self.proto
+        assert proto is not None, "learner is closed"
+        now = time.time()
+        dt = now - self._last_step_t
+        self._last_step_t = now
+        if not self._first_step_logged:
+            self._first_step_logged = True
+            self.events.emit(
+                "training", self.id, incarnation=self.incarnation, since_start_s=now - self.started
+            )
+        self._drain()
+        self.steps_done += 1
+        self.tokens_done += tokens
+        self._collect(proto.on_step(now, tokens, dt))
+        self._apply_due(now)
+        self._flush()
+        if self.wait_s > 0 and proto.blocked():
+            until = time.time() + self.wait_s
+            while proto.blocked() and time.time() < until:
+                item = self.port.get(max(until - time.time(), 0.001))
+                if item is None:
+                    break
+                self._handle(item)
+                self._collect(proto.take_pulled(time.time()))  # idle: answer pulls at once
+                self._apply_due(time.time())
+                self._flush()
+        if self.steps_done % 50 == 0:
+            self.events.emit(
+                "step",
+                self.id,
+                incarnation=self.incarnation,
+                step=self.steps_done,
+                tokens=self.tokens_done,
+                step_time=proto.step_time.value,
+                pulls=self.pulls,
+                pull_latency_ms=_median_ms(self.pull_latency_s),
+            )
+
+    def _apply_due(self, now: float) -> None:
+        assert self.proto is not None
+        for e in self.proto.apply_due(now):
+            self.events.write(e)
+
+    def _collect(self, sends: list[Send]) -> None:
+        """Protocol outputs -> contributions for the communication side (step reports go up
+        in its heartbeats)."""
+        for s in sends:
+            if isinstance(s.message, Outgoing):
+                self._submits.append(self.port.submit(s.message))
+                self._submitted += 1
+
+    def _flush(self) -> None:
+        """Hand this step's state over: one message to the communication side."""
+        p = self.proto
+        if p is None:
+            return
+        self.port.send(
+            StepState(
+                steps=self.steps_done,
+                tokens=self.tokens_done,
+                work_s=p.work_s,
+                step_time=p.step_time.value or 0.0,
+                base_versions=tuple(p.base_version),
+                latest_versions=tuple(p.latest_version),
+                submits=tuple(self._submits),
+            )
+        )
+        self._submits = []
+
+    def _drain(self) -> None:
+        for item in self.port.get_all():
+            self._handle(item)
+
+    def _status(self, st: CommStatus) -> None:
+        if st.stop:
+            self._stop = True
+        if st.share is not None:
+            self._share = st.share
+        if st.seq < self._comm_status.seq:
+            return  # an older snapshot that overtook a newer one: keep the newer counters
+        self._comm_status = st
+        self._connected = st.connected
+        self.bytes_up = st.bytes_up
+        self.reconnects = st.reconnects
+
+    def _handle(self, item: FromComm) -> None:
+        proto = self.proto
+        assert proto is not None
+        match item:
+            case UpdateReceived(u, value):
+                self.bytes_down += len(u.payload)
+                # decoded by the communication side (from the child: in a slot or an array)
+                tensor = self.port.value_in(u.fragment, value)
+                try:
+                    proto.on_update(time.time(), u, tensor)
+                except ValueError as exc:  # a delta that does not chain: heal
+                    self.events.emit("heal_needed", self.id, reason=str(exc))
+                    self.port.send(RequestHeal())
+            case PullReceived(pull, received_at):
+                self.pulls += 1
+                self.pull_latency_s.append(max(received_at - pull.at, 0.0))
+                proto.on_pull(time.time(), pull)
+            case CommStatus() as st:
+                self._status(st)
+            case HealReceived(heal):
+                self._apply_heal(heal)
+            case PushRefused(fragment, reason, action):
+                self.refused += 1
+                self.events.emit("push_refused", self.id, fragment=fragment, reason=reason)
+                if action == "heal":
+                    self.port.send(RequestHeal())
+            case CommFailed(reason):
+                self.events.emit("comm_fatal", self.id, reason=reason)
+            case Welcomed() | BeatDone():
+                pass  # a rejoin's Welcome (the heal follows); a late answer to `beat_once`
+
+    def _queued(self) -> bool:
+        st = self._comm_status
+        return st.received < self._submitted or st.queued > 0
+
+    def finish(self, timeout: float = 10.0) -> None:
+        """Send every fragment's remaining work once, wait (bounded) for it to be merged, close."""
+        proto = self.proto
+        if proto is not None and proto.healed:
+            self._drain()
+            self._collect(proto.final_flush(time.time()))
+            self._flush()
+            self.port.send(Finishing())  # report the send queue after every send from now
+            until = time.time() + timeout
+            while time.time() < until and self._connected:
+                item = self.port.get(0.02)
+                if item is not None:
+                    self._handle(item)
+                    self._drain()
+                if not self._queued() and proto.all_answered():
+                    break
+            self._drain()
+            self._apply_due(time.time())
+            self._flush()
+        self.beat_once()
+        self.close()
+
+    def beat_once(self, timeout: float = 3.0) -> None:
+        """Report the final counters (tokens, step-seconds) synchronously."""
+        self._flush()
+        self.port.send(BeatOnce())
+        until = time.time() + timeout
+        while time.time() < until:
+            item = self.port.get(max(until - time.time(), 0.001))
+            if item is None or isinstance(item, BeatDone):
+                return
+            if self.proto is not None:
+                self._handle(item)
+
+    def close(self) -> None:
+        port = getattr(self, "port", None)
+        if port is not None:
+            port.close()
+            self.port = ClosedPort()
+
+    def __enter__(self) -> Learner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,193 @@
+"""Where a learner's communication side runs: threads of this process, or a child process.
+
+A port takes the training side's messages (`send`), hands back what the communication side
+says (`get`, `get_all`), and moves vectors: `submit` wraps a contribution for the trip,
+`value_in` turns a received update's vector into a tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from atoll.core.messages import Outgoing
+from atoll.live import shm
+from atoll.live.comm import Comm
+from atoll.live.learner.framing import FrameReader, write_frame
+from atoll.live.learner.messages import (
+    IN_SLOT,
+    Close,
+    CommFailed,
+    CommOptions,
+    FromComm,
+    Start,
+    Submit,
+    ToComm,
+    Vector,
+)
+from atoll.live.shm import SharedSlots
+
+# shared slots hold 2 x 4 bytes per parameter; above this (2 GiB) vectors go in the messages
+MAX_SLOT_VALUES = 1 << 28
+
+
+class ThreadPort:
+    """The communication side in threads of this process."""
+
+    def __init__(self, opts: CommOptions) -> None:
+        self.inbox: queue.SimpleQueue[FromComm] = queue.SimpleQueue()
+        self.comm = Comm(opts, self.inbox.put)
+        self.comm.start()
+
+    def send(self, msg: ToComm) -> None:
+        self.comm.command(msg)
+
+    def layout(self, numels: list[int]) -> None:
+        pass
+
+    def submit(self, o: Outgoing) -> Submit:
+        return Submit(o)  # the comm thread reads the fresh delta tensor itself: no copy
+
+    def value_in(self, p: int, value: Vector) -> torch.Tensor | None:
+        assert value is None or isinstance(value, torch.Tensor)
+        return value
+
+    def get_all(self) -> list[FromComm]:
+        out = []
+        while (item := self.get(0.0)) is not None:
+            out.append(item)
+        return out
+
+    def get(self, timeout: float) -> FromComm | None:
+        try:
+            if timeout <= 0:
+                return self.inbox.get_nowait()
+            return self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+class ProcessPort:
+    """The communication side in a child process (`python -m atoll.live.comm.child`, so the
+    user's script is not imported again), over a socket pair read at step boundaries only
+    (atoll.live.learner.framing). Vectors (contributions up, decoded updates down) go through
+    shared slots (atoll.live.shm) when free, so that the messages themselves stay small."""
+
+    def __init__(self, opts: CommOptions, total: int, nflags: int) -> None:
+        import atoll
+
+        self.slots: SharedSlots | None = None
+        fds, shm_args = [], []
+        if shm.available() and 0 < total <= MAX_SLOT_VALUES:
+            self.slots, fd = SharedSlots.create(total, nflags)
+            fds, shm_args = [fd], [str(fd), str(total), str(nflags)]
+        ours, theirs = socket.socketpair()
+        root = str(Path(atoll.__file__).resolve().parents[1])
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "atoll.live.comm.child", str(theirs.fileno()), *shm_args],
+            pass_fds=[theirs.fileno(), *fds],
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        for fd in fds:
+            os.close(fd)  # the mapping stays
+        self.sock = ours
+        self.reader = FrameReader(ours)
+        self._ready: deque[FromComm] = deque()  # parsed, not yet handed out (by `get`)
+        self.dead = False
+        self.send(Start(opts))
+
+    def send(self, msg: ToComm) -> None:
+        if self.dead:
+            return
+        try:
+            write_frame(self.sock, msg)
+        except OSError:  # BrokenPipeError included: the child is gone
+            self.dead = True
+
+    def layout(self, numels: list[int]) -> None:
+        if self.slots is not None and not self.slots.layout(numels):
+            self.slots = None
+
+    def submit(self, o: Outgoing) -> Submit:
+        if self.slots is not None and self.slots.put(self.slots.up, o.fragment, o.delta):
+            return Submit(o, IN_SLOT)
+        return Submit(o, o.delta.numpy())
+
+    def value_in(self, p: int, value: Vector) -> torch.Tensor | None:
+        if isinstance(value, str) and value == IN_SLOT and self.slots is not None:
+            return self.slots.take(self.slots.down, p)
+        if value is None or isinstance(value, torch.Tensor):
+            return value
+        assert not isinstance(value, str), value
+        return torch.from_numpy(value)
+
+    def get_all(self) -> list[FromComm]:
+        """Everything waiting now, with one read of the socket (then a `CommFailed` once, if
+        the child is gone)."""
+        out = list(self._ready)
+        self._ready.clear()
+        if self.dead:
+            return out
+        out.extend(self.reader.read())  # type: ignore[arg-type]  # only FromComm comes up
+        if self.reader.closed:
+            self.dead = True
+            out.append(CommFailed("the communication process ended"))
+        return out
+
+    def get(self, timeout: float) -> FromComm | None:
+        """The next item, waiting up to `timeout` seconds for one."""
+        until = time.monotonic() + timeout
+        while not self._ready:
+            self._ready.extend(self.get_all())
+            if self._ready or self.dead:
+                break
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            self._ready.extend(self.reader.read(left))  # type: ignore[arg-type]
+        return self._ready.popleft() if self._ready else None
+
+    def close(self) -> None:
+        self.send(Close())
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(2.0)
+        self.sock.close()
+
+
+class ClosedPort:
+    """The port of a closed learner: sends nothing, receives nothing."""
+
+    def send(self, msg: ToComm) -> None:
+        pass
+
+    def submit(self, o: Outgoing) -> Submit:
+        return Submit(o)
+
+    def get(self, timeout: float) -> FromComm | None:
+        return None
+
+    def get_all(self) -> list[FromComm]:
+        return []
+
+    def close(self) -> None:
+        pass

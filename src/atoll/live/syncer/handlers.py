@@ -1,0 +1,218 @@
+"""The live syncer's gRPC handlers: each turns a call into core inputs (through
+atoll.wire.convert) under the runtime's lock, and the core's answer back into a reply.
+
+Streams: Join (welcome, heal or resume, then every broadcast update), Push/PushOne (one
+contribution), Heartbeat (liveness, tokens, step reports for the pull clock), Pulls (the
+syncer's pulls on the learner's control channel), Status.
+
+A contribution reaches `on_contribution` only after its chunks were fully received and the
+size and crc32 checked; a stream cut in the middle is dropped whole. What it contains (numbers,
+codec, size, base version) is the core's to check (atoll.core.checks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from atoll.core.messages import Heal, Refusal, Send
+from atoll.live.syncer.outbox import Control, Session
+from atoll.live.syncer.runtime import SyncerRuntime
+from atoll.wire import PROTOCOL, convert
+from atoll.wire import atoll_pb2 as pb
+from atoll.wire import atoll_pb2_grpc as pbg
+from atoll.wire.chunks import Assembler, TransferError, split
+
+
+def _check_hello(h: pb.Hello | pb.ControlHello, context: grpc.ServicerContext) -> None:
+    """Refuse a stream opened by another protocol version or without a learner identity."""
+    if h.protocol != PROTOCOL:
+        context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"learner speaks protocol {h.protocol}, this syncer {PROTOCOL}",
+        )
+    if not h.learner or not h.incarnation:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner and incarnation are required")
+
+
+class Handlers(pbg.SyncerServicer):
+    def __init__(self, rt: SyncerRuntime, welcome: pb.Welcome) -> None:
+        self.rt = rt
+        self._welcome = welcome  # the run's welcome, without epoch and heal flag
+        self.max_bytes = welcome.max_fragment_bytes
+
+    # -- Join ---------------------------------------------------------------------------------
+    def _frames(self, u, heal: bool = False) -> Iterator[pb.Down]:
+        chunk = self._welcome.chunk_bytes
+        inline = len(u.payload) <= chunk  # one message instead of two
+        yield pb.Down(update=convert.update_header(u, heal, inline))
+        for part in [] if inline else split(u.payload, chunk):
+            yield pb.Down(chunk=part)
+        with self.rt.lock:
+            self.rt.acct["bytes_out"] += len(u.payload)
+
+    def Join(self, hello: pb.Hello, context: grpc.ServicerContext) -> Iterator[pb.Down]:  # noqa: N802
+        _check_hello(hello, context)
+        rt = self.rt
+        now = time.time()
+        with rt.lock:
+            resume = convert.resume_from_hello(hello, rt.epoch)
+            old = rt.sessions.pop(hello.learner, None)
+            if old is not None:
+                old.close()
+            sess = Session(hello.learner, hello.incarnation, now)
+            rt.sessions[hello.learner] = sess
+            listening = rt.can_hear(hello.learner, hello.incarnation)
+            outs = rt.proto.on_join(now, hello.learner, resume, hello.incarnation, listening)
+            msg = next(o.message for o in outs if isinstance(o, Send))
+            heal = isinstance(msg, Heal)
+            rt.process(now, [o for o in outs if not isinstance(o, Send)])
+            if not heal:  # resumed: what moved on since it last heard, in full
+                for u in msg.updates:
+                    sess.put_update(u, rt.proto.coalesce)
+            want = rt.opts.expect_learners
+            if want and not rt.acct.get("start_at") and len(rt.sessions) >= want:
+                rt.acct["start_at"] = now + 0.5
+        context.add_callback(lambda: rt.lose(hello.learner, sess, "stream ended"))
+        w = pb.Welcome()
+        w.CopyFrom(self._welcome)
+        w.epoch, w.heal = rt.epoch, heal
+        yield pb.Down(welcome=w)
+        if heal:
+            for u in msg.updates:
+                yield from self._frames(u, heal=True)
+        while not sess.closed and not rt.stopping.is_set():
+            item = sess.get(0.5)
+            if item is None:
+                continue
+            if isinstance(item, tuple):
+                yield pb.Down(notice=pb.Notice(kind=item[0], text=item[1]))
+            else:
+                yield from self._frames(item)
+
+    # -- Push ---------------------------------------------------------------------------------
+    def _refuse(self, learner: str, fragment: int, code: Refusal, reason: str) -> pb.PushReply:
+        self.rt.events.emit(
+            "refused", "syncer", learner=learner, fragment=fragment, reason=reason, code=code.value
+        )
+        with self.rt.lock:
+            self.rt.acct["refused"] += 1
+        return pb.PushReply(accepted=False, reason=reason, action=code.action, code=code.value)
+
+    def Push(  # noqa: N802
+        self, request_iterator: Iterator[pb.Up], context: grpc.ServicerContext
+    ) -> pb.PushReply:
+        try:
+            first = next(request_iterator)
+        except StopIteration:
+            return self._refuse("?", -1, Refusal.TRANSFER, "empty push stream")
+        if first.WhichOneof("body") != "header":
+            return self._refuse("?", -1, Refusal.TRANSFER, "a push must start with a header")
+        return self._receive(first.header, request_iterator, context)
+
+    def PushOne(self, req: pb.Single, context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
+        return self._receive(req.header, iter([pb.Up(chunk=req.payload)]), context)
+
+    def _receive(
+        self, h: pb.ContributionHeader, chunks: Iterator[pb.Up], context: grpc.ServicerContext
+    ) -> pb.PushReply:
+        rt = self.rt
+        sess = rt.sessions.get(h.learner)
+        if sess is None or sess.incarnation != h.incarnation:
+            return self._refuse(
+                h.learner, h.fragment, Refusal.NOT_JOINED, "learner has no live session"
+            )
+        if h.protocol != PROTOCOL:
+            reason = f"protocol {h.protocol}, this syncer speaks {PROTOCOL}"
+            return self._refuse(h.learner, h.fragment, Refusal.HEADER, reason)
+        if h.total_bytes > self.max_bytes:
+            reason = f"payload of {h.total_bytes} bytes is over the limit of {self.max_bytes}"
+            return self._refuse(h.learner, h.fragment, Refusal.TOO_LARGE, reason)
+        try:
+            asm = Assembler(h.total_bytes, h.crc32, self.max_bytes)
+            for msg in chunks:
+                if msg.WhichOneof("body") != "chunk":
+                    raise TransferError("only chunks may follow the header")
+                asm.add(msg.chunk)
+            if not asm.complete or not context.is_active():  # the sender vanished mid-way
+                raise ConnectionError(f"stream cut after {asm.size} of {asm.total} bytes")
+            payload = asm.payload()
+        except TransferError as exc:
+            return self._refuse(h.learner, h.fragment, Refusal.TRANSFER, str(exc))
+        except Exception as exc:  # the stream broke: nothing of it reaches the protocol
+            with rt.lock:
+                rt.acct["broken_transfers"] += 1
+            rt.events.emit(
+                "transfer_broken", "syncer", learner=h.learner, fragment=h.fragment, error=str(exc)
+            )
+            reason = f"transfer broken: {exc}"
+            return pb.PushReply(accepted=False, reason=reason, code=Refusal.TRANSFER.value)
+        now = time.time()
+        c = convert.contribution_from_header(h, payload, now)
+        with rt.lock:
+            sess.last_seen = now
+            outs = rt.proto.on_contribution(now, c)
+            rt.process(now, outs)
+        refused = [o.data for o in outs if getattr(o, "kind", "") == "refused"]
+        if refused:
+            r = refused[0]
+            action = Refusal(r.code).action
+            return pb.PushReply(accepted=False, reason=r.reason, action=action, code=r.code)
+        return pb.PushReply(accepted=True)
+
+    # -- control ------------------------------------------------------------------------------
+    def Heartbeat(self, beat: pb.Beat, context: grpc.ServicerContext) -> pb.BeatReply:  # noqa: N802
+        rt = self.rt
+        now = time.time()
+        with rt.lock:
+            key = f"{beat.learner}/{beat.incarnation}"
+            rt.acct["tokens"][key] = max(rt.acct["tokens"].get(key, 0), beat.tokens)
+            if math.isfinite(beat.work_s):
+                rt.acct["work_s"][key] = max(rt.acct["work_s"].get(key, 0.0), beat.work_s)
+            sess = rt.sessions.get(beat.learner)
+            known = sess is not None and sess.incarnation == beat.incarnation
+            if known:
+                sess.last_seen = now
+                rt.process(now, rt.proto.on_progress(now, convert.progress_from_beat(beat, now)))
+            stop = rt.stop_requested
+            budget = rt.opts.token_budget
+            remaining = max(budget - rt.total_tokens(), 0)
+            live = max(len(rt.sessions), 1)
+        return pb.BeatReply(
+            epoch=rt.epoch, known=known, stop=stop, budget=budget > 0, remaining=remaining,
+            live=live,
+        )  # fmt: skip
+
+    def Pulls(self, h: pb.ControlHello, context: grpc.ServicerContext) -> Iterator[pb.ControlDown]:  # noqa: N802
+        _check_hello(h, context)
+        rt = self.rt
+        ctl = Control(h.learner, h.incarnation)
+        with rt.lock:
+            rt.listening(ctl, True)
+        context.add_callback(ctl.close)
+        yield pb.ControlDown()  # registered: the learner now reports its steps (a heartbeat)
+        try:
+            while not ctl.closed and not rt.stopping.is_set():
+                pulls = ctl.get(0.5)
+                if pulls:
+                    yield convert.pulls_message(pulls)
+        finally:
+            ctl.close()
+            with rt.lock:
+                rt.listening(ctl, False)
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
+        rt = self.rt
+        with rt.lock:
+            return pb.StatusReply(
+                epoch=rt.epoch,
+                tokens=rt.total_tokens(),
+                rounds=rt.proto.rounds_closed,
+                live=sorted(rt.sessions),
+                stop=rt.stop_requested,
+                versions=list(rt.proto.version),
+                start_at=float(rt.acct.get("start_at") or 0.0),
+            )

@@ -1,0 +1,82 @@
+"""What waits to go down to each learner: its broadcast updates (Join stream) and its pulls
+(Pulls stream). Only queues and wake-ups live here; which update replaces which is the core's
+decision (`SyncerProtocol.coalesce`)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from atoll.core.messages import FragmentUpdate, Pull
+
+Coalesce = Callable[[FragmentUpdate, FragmentUpdate], FragmentUpdate]
+
+
+@dataclass
+class Session:
+    """One learner's Join stream: updates not yet sent (one per fragment), and notices."""
+
+    learner: str
+    incarnation: str
+    last_seen: float
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    updates: OrderedDict[int, FragmentUpdate] = field(default_factory=OrderedDict)
+    notices: list[tuple[str, str]] = field(default_factory=list)
+    closed: bool = False
+
+    def put_update(self, u: FragmentUpdate, coalesce: Coalesce) -> None:
+        """Queue an update; one of the same fragment still queued is merged into it."""
+        with self.cond:
+            old = self.updates.pop(u.fragment, None)
+            self.updates[u.fragment] = u if old is None else coalesce(old, u)
+            self.cond.notify()
+
+    def put_notice(self, kind: str, text: str) -> None:
+        with self.cond:
+            self.notices.append((kind, text))
+            self.cond.notify()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+
+    def get(self, timeout: float) -> FragmentUpdate | tuple[str, str] | None:
+        with self.cond:
+            if not (self.updates or self.notices or self.closed):
+                self.cond.wait(timeout)
+            if self.notices:
+                return self.notices.pop(0)
+            if self.updates:
+                return self.updates.popitem(last=False)[1]
+            return None
+
+
+@dataclass
+class Control:
+    """One learner's Pulls stream: pulls waiting to go down it."""
+
+    learner: str
+    incarnation: str
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    pulls: list[Pull] = field(default_factory=list)
+    closed: bool = False
+
+    def put(self, pull: Pull) -> None:
+        with self.cond:
+            self.pulls.append(pull)
+            self.cond.notify()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+
+    def get(self, timeout: float) -> list[Pull]:
+        with self.cond:
+            if not (self.pulls or self.closed):
+                self.cond.wait(timeout)
+            out, self.pulls = self.pulls, []
+            return out

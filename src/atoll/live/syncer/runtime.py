@@ -1,0 +1,257 @@
+"""The live syncer's runtime: one lock around the protocol, its timers, the dispatch of its
+outputs, the run's accounting and durability (tape, snapshots), and the background threads
+(timers, the reaper of silent learners, snapshots).
+
+Every protocol call happens under `lock`, through `process` for its outputs: a committed
+merge goes to the tape *before* its update is queued to any learner; events go to the log
+and into the accounting; timers into the heap; sends into the learners' outboxes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from atoll.core.events import Event
+from atoll.core.fragments import FragmentPlan
+from atoll.core.messages import FragmentUpdate, Pull, Send, SetTimer
+from atoll.core.syncer import SyncerConfig, SyncerProtocol
+from atoll.eventlog import EventLog
+from atoll.live.syncer.outbox import Control, Session
+from atoll.live.syncer.store import Restored, Tape, commit_record, restore, write_snapshot
+
+
+@dataclass
+class SyncerOptions:
+    run_dir: Path
+    run_id: str
+    secret: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    chunk_bytes: int = 256 * 1024
+    lost_after_s: float = 3.0
+    snapshot_every_s: float = 10.0
+    snapshot_history: int = 8
+    tape_fsync: bool = False
+    token_budget: int = 0  # 0: no budget (run until stopped)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_fragment_bytes: int = 0  # 0: derived from the plan
+    expect_learners: int = 0  # start_at is set once this many learners have joined
+
+
+def new_accounts() -> dict[str, Any]:
+    """The run's books (persisted with the tape and the snapshots)."""
+    return {
+        "start": time.time(),
+        "tokens": {},  # "learner/incarnation" -> tokens trained
+        "work_s": {},  # "learner/incarnation" -> step-seconds computed
+        "useful_s": 0.0,
+        "bytes_in": 0,
+        "bytes_out": 0,
+        "accepted": 0,
+        "refused": 0,
+        "broken_transfers": 0,
+        "auth_refused": 0,
+        "restarts": 0,
+        "lost_committed_rounds": 0,
+        "start_at": 0.0,
+    }
+
+
+class SyncerRuntime:
+    def __init__(
+        self,
+        plan: FragmentPlan,
+        init: list[torch.Tensor],
+        config: SyncerConfig,
+        opts: SyncerOptions,
+        events: EventLog | None = None,
+    ) -> None:
+        self.plan, self.opts = plan, opts
+        self.proto = SyncerProtocol(plan, init, config)
+        self.events = events or EventLog(opts.run_dir / "events.jsonl")
+        self.lock = threading.RLock()
+        self.epoch = uuid.uuid4().hex[:12]
+        self.sessions: dict[str, Session] = {}
+        self.controls: dict[str, Control] = {}
+        self.timers: list[tuple[float, int, tuple]] = []
+        self._timer_seq = 0
+        self._timer_cv = threading.Condition(self.lock)
+        self.stopping = threading.Event()
+        self.acct = new_accounts()
+        self.tape = Tape(opts.run_dir / "tape", fsync=opts.tape_fsync)
+        self.snapshot_path = opts.run_dir / "snapshot.safetensors"
+        self.restored = self._restore()
+        self._prev_snapshot_seq = self.restored.snapshot_seq
+        self.tape.open_segment(self.tape.next_seq)
+        self._threads: list[threading.Thread] = []
+
+    # -- durability ---------------------------------------------------------------------------
+    def _restore(self) -> Restored:
+        r = restore(self.proto, self.snapshot_path, self.tape)
+        if r.found:
+            self.acct.update(r.extra)
+            self.acct["restarts"] = int(self.acct.get("restarts", 0)) + 1
+            self.acct["lost_committed_rounds"] = (
+                int(self.acct.get("lost_committed_rounds", 0)) + r.lost_committed_rounds
+            )
+            self.events.emit(
+                "restored",
+                "syncer",
+                snapshot_records=r.snapshot_seq,
+                replayed=r.replayed,
+                rounds_closed=self.proto.rounds_closed,
+                versions=list(self.proto.version),
+                lost_committed_rounds=r.lost_committed_rounds,
+            )
+        return r
+
+    def snapshot(self) -> None:
+        with self.lock:
+            seq = self.tape.next_seq
+            state = self.proto.state_dict(self.opts.snapshot_history)  # copies
+            extra = dict(self.acct)
+            self.tape.open_segment(seq)
+        write_snapshot(self.snapshot_path, state, seq, extra)
+        self.tape.drop_before(self._prev_snapshot_seq)
+        self._prev_snapshot_seq = seq
+        self.events.emit("snapshot", "syncer", tape_next=seq, rounds=state["rounds_closed"])
+
+    # -- protocol outputs ---------------------------------------------------------------------
+    def process(self, now: float, outputs: list) -> None:
+        """Handle protocol outputs (lock held): tape first, then events, timers, sends."""
+        for o in outputs:
+            if isinstance(o, Event) and o.kind == "round_closed":
+                rec = commit_record(self.proto, self.tape.next_seq, o.data.fragment, self.acct)
+                self.tape.append(rec)
+        for o in outputs:
+            if isinstance(o, Event):
+                self._account(o)
+                self.events.write(o)
+            elif isinstance(o, SetTimer):
+                self._timer_seq += 1
+                heapq.heappush(self.timers, (o.at, self._timer_seq, o.key))
+                self._timer_cv.notify()
+            elif isinstance(o, Send) and isinstance(o.message, FragmentUpdate):
+                sess = self.sessions.get(o.to)
+                if sess is not None:
+                    sess.put_update(o.message, self.proto.coalesce)
+            elif isinstance(o, Send) and isinstance(o.message, Pull):
+                sess, ctl = self.sessions.get(o.to), self.controls.get(o.to)
+                if sess is not None and ctl is not None and ctl.incarnation == sess.incarnation:
+                    ctl.put(o.message)
+
+    def _account(self, e: Event) -> None:
+        a = self.acct
+        if e.kind == "accepted":
+            a["accepted"] += 1
+            a["bytes_in"] += e.data.bytes
+            a["useful_s"] += e.data.work_s
+        elif e.kind == "refused":
+            a["refused"] += 1
+        elif e.kind == "seen_check":
+            a["lost_committed_rounds"] += e.data.lost_committed_rounds
+
+    def lose(self, learner: str, sess: Session, why: str) -> None:
+        with self.lock:
+            sess.close()
+            if self.sessions.get(learner) is sess:
+                del self.sessions[learner]
+                now = time.time()
+                self.process(now, self.proto.on_lost(now, learner, why))
+
+    def listening(self, ctl: Control, on: bool) -> None:
+        """A learner's Pulls stream opened (`on`) or ended (lock held)."""
+        now = time.time()
+        if on:
+            old = self.controls.get(ctl.learner)
+            if old is not None:
+                old.close()
+            self.controls[ctl.learner] = ctl
+        elif self.controls.get(ctl.learner) is ctl:
+            del self.controls[ctl.learner]
+        else:
+            return
+        sess = self.sessions.get(ctl.learner)
+        if sess is not None and sess.incarnation == ctl.incarnation:
+            self.process(now, self.proto.on_listening(now, ctl.learner, on))
+
+    def can_hear(self, learner: str, incarnation: str) -> bool:
+        ctl = self.controls.get(learner)
+        return ctl is not None and not ctl.closed and ctl.incarnation == incarnation
+
+    @property
+    def stop_requested(self) -> bool:
+        b = self.opts.token_budget
+        return b > 0 and self.total_tokens() >= b
+
+    def total_tokens(self) -> int:
+        return int(sum(self.acct["tokens"].values()))
+
+    # -- threads ------------------------------------------------------------------------------
+    def _timer_loop(self) -> None:
+        with self.lock:
+            while not self.stopping.is_set():
+                if not self.timers:
+                    self._timer_cv.wait(0.5)
+                    continue
+                at = self.timers[0][0]
+                now = time.time()
+                if now < at:
+                    self._timer_cv.wait(min(at - now, 0.5))
+                    continue
+                _, _, key = heapq.heappop(self.timers)
+                self.process(now, self.proto.on_timer(now, key))
+
+    def _reaper_loop(self) -> None:
+        while not self.stopping.wait(0.25):
+            now = time.time()
+            with self.lock:
+                silent = [
+                    (lid, s)
+                    for lid, s in self.sessions.items()
+                    if now - s.last_seen > self.opts.lost_after_s
+                ]
+            for lid, s in silent:
+                self.lose(lid, s, f"silent for more than {self.opts.lost_after_s} s")
+
+    def _snapshot_loop(self) -> None:
+        while not self.stopping.wait(self.opts.snapshot_every_s):
+            self.snapshot()
+
+    def start_threads(self) -> None:
+        for fn in (self._timer_loop, self._reaper_loop, self._snapshot_loop):
+            t = threading.Thread(target=fn, name=fn.__name__, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close_streams(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            for s in self.sessions.values():
+                s.close()
+            for c in self.controls.values():
+                c.close()
+
+    def finish(self, final_dir: Path | None = None) -> None:
+        """The end of the run: close every open round, snapshot, write the final model."""
+        with self.lock:
+            now = time.time()
+            self.process(now, self.proto.close_all(now))
+        self.snapshot()
+        if final_dir is not None:
+            from safetensors.torch import save_file
+
+            with self.lock:
+                params = {k: v.contiguous() for k, v in self.proto.global_params().items()}
+            save_file(params, str(final_dir / "final.safetensors"))
+        self.tape.close()
+        self.events.emit("syncer_stopped", "syncer", rounds=self.proto.rounds_closed)

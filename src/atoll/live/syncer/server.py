@@ -1,0 +1,108 @@
+"""The live syncer service: the runtime (atoll.live.syncer.runtime) behind a gRPC server
+with the run's authentication (atoll.wire.auth) and optional TLS."""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import torch
+
+from atoll.core.fragments import FragmentPlan
+from atoll.core.learner import LearnerConfig
+from atoll.core.syncer import SyncerConfig
+from atoll.eventlog import EventLog
+from atoll.live.syncer.handlers import Handlers
+from atoll.live.syncer.runtime import SyncerOptions, SyncerRuntime
+from atoll.wire import atoll_pb2_grpc as pbg
+from atoll.wire import convert
+from atoll.wire.auth import AuthInterceptor, server_credentials
+
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+WORKERS = 256  # each learner holds two long-lived streams (Join, Pulls): room for 120 learners
+
+
+class SyncerService:
+    """A syncer of a live run: `start()` listens and returns the port, `stop()` ends the run
+    (closes every open round, snapshots, writes `final.safetensors`)."""
+
+    def __init__(
+        self,
+        plan: FragmentPlan,
+        init: list[torch.Tensor],
+        syncer_cfg: SyncerConfig,
+        learner_cfg: LearnerConfig,
+        opts: SyncerOptions,
+        events: EventLog | None = None,
+    ) -> None:
+        if not syncer_cfg.codec:  # contributions must come in the codec the learners are told
+            syncer_cfg = dataclasses.replace(syncer_cfg, codec=learner_cfg.codec)
+        self.runtime = SyncerRuntime(plan, init, syncer_cfg, opts, events)
+        self.opts = opts
+        max_bytes = opts.max_fragment_bytes or max(4 * f.numel + 4096 for f in plan.fragments)
+        welcome = convert.welcome(plan, learner_cfg, "", False, opts.chunk_bytes, max_bytes)
+        self.handlers = Handlers(self.runtime, welcome)
+        self.auth = AuthInterceptor(opts.run_id, opts.secret, self._auth_refused)
+        self.server: grpc.Server | None = None
+        self.port = 0
+
+    @property
+    def proto(self):  # the protocol, for tests and the final report (take `lock` to read)
+        return self.runtime.proto
+
+    @property
+    def lock(self):
+        return self.runtime.lock
+
+    def _auth_refused(self, method: str, reason: str) -> None:
+        rt = self.runtime
+        rt.acct["auth_refused"] = int(rt.acct.get("auth_refused", 0)) + 1
+        rt.events.emit("auth_refused", "syncer", method=method, reason=reason)
+
+    def start(self) -> int:
+        self.server = grpc.server(
+            ThreadPoolExecutor(max_workers=WORKERS),
+            interceptors=[self.auth],
+            options=SERVER_OPTIONS,
+        )
+        pbg.add_SyncerServicer_to_server(self.handlers, self.server)
+        addr = f"{self.opts.host}:{self.opts.port}"
+        creds = server_credentials(self.opts.tls_cert, self.opts.tls_key)
+        if creds is None:
+            self.port = self.server.add_insecure_port(addr)
+        else:
+            self.port = self.server.add_secure_port(addr, creds)
+        if self.port == 0:
+            raise OSError(f"could not listen on {addr}")
+        self.server.start()
+        self.runtime.start_threads()
+        rt = self.runtime
+        rt.events.emit(
+            "syncer_started", "syncer", port=self.port, epoch=rt.epoch, restored=rt.restored.found
+        )
+        return self.port
+
+    def snapshot(self) -> None:
+        self.runtime.snapshot()
+
+    def stop(self, final_dir: Path | None = None) -> None:
+        self.runtime.close_streams()
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait(3.0)
+        self.runtime.finish(final_dir)
+
+    def final_accounts(self) -> dict:
+        """The books at the end, with the rounds and versions (syncer_final.json)."""
+        rt = self.runtime
+        with rt.lock:
+            return {**rt.acct, "rounds": rt.proto.rounds_closed, "versions": list(rt.proto.version)}

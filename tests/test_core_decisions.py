@@ -1,0 +1,213 @@
+"""The decisions the core now owns for both drivers: resume or heal, the lost-round check,
+step reports covering many steps, coalescing, closing every round, the final flush and its
+work accounting, typed refusals, and state in and out (state_dict / load_state_dict)."""
+
+import math
+
+import pytest
+import torch
+from test_protocol import encoded, sends, setup, step
+
+from atoll.core import codec
+from atoll.core.events import KINDS, Event
+from atoll.core.messages import (
+    Contribution,
+    FragmentUpdate,
+    Heal,
+    Outgoing,
+    Progress,
+    Refusal,
+    Resume,
+    Resumed,
+)
+from atoll.core.syncer import PROGRESS_STEPS_MAX
+
+
+def _contrib(plan, lid, p, seq, base, value=0.01, **kw):
+    payload = codec.encode(torch.full((plan.fragments[p].numel,), value), "fp32")
+    fields = dict(steps=1, tokens=10, sent_at=1.0, step_time=1.0)
+    fields.update(kw)
+    return Contribution(lid, p, seq, base, payload, **fields)
+
+
+def _merge_some(plan, syncer, rounds=3):
+    for i in range(rounds):
+        p = i % plan.P
+        syncer.on_contribution(1.0 + i, _contrib(plan, "L0", p, i + 1, syncer.version[p]))
+
+
+def test_join_resumes_when_bases_are_held_and_heals_otherwise():
+    plan, syncer, _ = setup()
+    _merge_some(plan, syncer)  # versions [2, 1]
+    out = syncer.on_join(5.0, "L1", Resume((1, 0), (1, 1)), incarnation="x")
+    msg = sends(out)[0].message
+    assert isinstance(msg, Resumed)  # keeps its progress, gets what it lacks, in full
+    assert [(u.fragment, u.version, u.kind) for u in msg.updates] == [(0, 2, "full")]
+    joined = [e for e in out if isinstance(e, Event) and e.kind == "joined"][0]
+    assert joined.data.heal is False and joined.data.incarnation == "x"
+    for bad in (Resume((99, 0), (1, 1)), Resume((1,), (1,)), Resume((1, 0), (1, 1), False, False)):
+        assert isinstance(sends(syncer.on_join(6.0, "L1", bad))[0].message, Heal)
+
+
+def test_learner_of_an_earlier_epoch_reveals_lost_committed_rounds():
+    plan, syncer, _ = setup()
+    syncer.loaded()  # a restarted syncer at versions [0, 0]
+    out = syncer.on_join(1.0, "L0", Resume((0, 0), (3, 0), other_epoch=True))
+    check = [e for e in out if isinstance(e, Event) and e.kind == "seen_check"][0]
+    assert check.data.lost_committed_rounds == 3
+    out = syncer.on_join(1.0, "L1", Resume((0, 0), (3, 0), other_epoch=True))
+    checks = [e for e in out if isinstance(e, Event) and e.kind == "seen_check"]
+    assert checks[0].data.lost_committed_rounds == 0
+
+
+def test_a_report_of_many_steps_counts_each_step_once_up_to_a_cap():
+    plan, syncer, _ = setup(schedule="pull")
+    syncer.on_progress(0.0, Progress("L0", 1, 2.0, 0.0, 2.0))  # first report: its step time
+    assert syncer.grace.step.value == 2.0
+    syncer.on_progress(1.0, Progress("L0", 5, 9.0, 1.0, 2.0 + 4 * 0.5))  # 4 steps of 0.5 s
+    expect = 2.0
+    for _ in range(4):
+        expect = 0.9 * expect + 0.1 * 0.5
+    assert syncer.grace.step.value == pytest.approx(expect)
+    assert syncer.on_progress(2.0, Progress("L0", 5, 1.0, 2.0, 99.0)) == []  # nothing new
+    syncer.on_progress(3.0, Progress("L0", 5 + 1000, 1.0, 3.0, 4.0 + 1000 * 3.0))
+    for _ in range(PROGRESS_STEPS_MAX):  # 1000 steps of 3 s: counted PROGRESS_STEPS_MAX times
+        expect = 0.9 * expect + 0.1 * 3.0
+    assert syncer.grace.step.value == pytest.approx(expect)
+
+
+def test_no_pull_clock_for_a_learner_that_cannot_hear_pulls():
+    plan, syncer, _ = setup(schedule="pull")
+    syncer.on_join(0.0, "L2", listening=False)
+    assert syncer.on_progress(0.1, Progress("L2", 1, 1.0, 0.1, 1.0)) == []
+    syncer.on_listening(0.2, "L2", True)
+    assert syncer.on_progress(0.3, Progress("L2", 1, 1.0, 0.3, 1.0))  # starts the clock
+
+
+def test_coalescing_keeps_the_newest_and_falls_back_to_full_for_deltas():
+    plan, syncer, _ = setup(down_codec="int4")
+    _merge_some(plan, syncer, 3)
+    ups = [o.message for o in sends(syncer.on_contribution(9.0, _contrib(plan, "L0", 0, 9, 2)))]
+    new = ups[0]
+    assert new.kind == "delta"
+    old = FragmentUpdate(0, 2, "delta", 1, b"x", (("L1", 4),), 0.0)
+    merged = syncer.coalesce(old, new)
+    assert merged.kind == "full" and merged.version == new.version
+    assert torch.equal(codec.decode(merged.payload), syncer.public[0])
+    assert merged.included == (("L1", 4), ("L0", 9))
+
+
+def test_close_all_merges_every_open_round():
+    plan, syncer, _ = setup(quorum=2)
+    syncer.on_contribution(1.0, _contrib(plan, "L0", 0, 1, 0))
+    syncer.on_contribution(1.0, _contrib(plan, "L0", 1, 2, 0))
+    assert syncer.rounds_closed == 0
+    out = syncer.close_all(2.0)
+    assert sorted(e.data.fragment for e in out if isinstance(e, Event)) == [0, 1]
+    assert syncer.version == [1, 1] and syncer.close_all(3.0) == []
+
+
+def test_final_flush_sends_unsent_work_and_sends_carry_their_share():
+    plan, syncer, (l0, _) = setup(schedule="pull")
+    for t in range(3):
+        l0.on_step(float(t), 10, 1.0)
+    assert l0.unsent_work() == pytest.approx(3.0)
+    (first,) = l0.send_now(3.0, [0])
+    assert isinstance(first.message, Outgoing) and first.message.work_s == pytest.approx(1.5)
+    flush = [s.message for s in l0.final_flush(4.0)]
+    assert [o.fragment for o in flush] == [1] and flush[0].work_s == pytest.approx(1.5)
+    assert l0.unsent_work() == 0.0 and l0.final_flush(5.0) == []
+
+
+def test_encoder_resets_after_a_heal_and_drops_older_generations():
+    plan, syncer, (l0, _) = setup(codec_name="int4")
+    enc = codec.ContributionEncoder("int4", 64, True)
+    l0.params["a"] += 0.123
+    (o1,) = [s.message for s in l0.send_now(1.0, [0])]
+    assert enc.encode(o1) is not None and enc.ef.residual
+    l0.on_heal(2.0, syncer.heal_message())
+    (o2,) = [s.message for s in l0.send_now(3.0, [0])]
+    assert o2.generation == o1.generation + 1
+    assert enc.encode(o2) is not None and enc.encode(o1) is None
+
+
+@pytest.mark.parametrize(
+    "change,code",
+    [
+        ({"step_time": math.inf}, Refusal.HEADER),
+        ({"sent_at": math.nan}, Refusal.HEADER),
+        ({"work_s": -1.0}, Refusal.HEADER),
+        ({"steps": -1}, Refusal.COUNTERS),
+        ({"learner": "stranger"}, Refusal.NOT_JOINED),
+        ({"base_version": 5}, Refusal.STALE_BASE),
+        ({"fragment": 9}, Refusal.FRAGMENT),
+        ({"payload": codec.encode(torch.ones(4), "int8")}, Refusal.PAYLOAD),
+        ({"payload": codec.encode(torch.ones(5), "fp32")}, Refusal.PAYLOAD),
+        ({"payload": b"junk"}, Refusal.PAYLOAD),
+    ],
+)
+def test_refusals_are_typed_and_leave_state_bit_identical(change, code):
+    plan, syncer, _ = setup(codec="fp32")
+    before = syncer.state_dict()
+    c = _contrib(plan, "L0", 0, 1, 0)
+    out = syncer.on_contribution(1.0, Contribution(**{**c.__dict__, **change}))
+    assert [e.kind for e in out] == ["refused"]
+    assert out[0].data.code == code.value and out[0].data.reason
+    after = syncer.state_dict()
+    for a, b in zip(before["fragments"], after["fragments"], strict=True):
+        assert torch.equal(a["theta"], b["theta"]) and a["version"] == b["version"]
+    assert syncer.pending == [{}, {}]
+
+
+def test_refusal_actions():
+    assert Refusal.STALE_BASE.action == "heal" and Refusal.NOT_JOINED.action == "rejoin"
+    assert Refusal.PAYLOAD.action == ""
+
+
+def test_syncer_state_round_trip_continues_identically():
+    plan, a, _ = setup(outer="nesterov")
+    _merge_some(plan, a, 5)
+    _, b, _ = setup(outer="nesterov")
+    b.load_state_dict(a.state_dict())
+    for s in (a, b):
+        s.on_join(9.0, "L0")
+    for s in (a, b):
+        s.on_contribution(10.0, _contrib(plan, "L0", 1, 50, s.version[1], 0.2))
+    assert a.version == b.version and a.rounds_closed == b.rounds_closed
+    for p in range(plan.P):
+        assert torch.equal(a.theta[p], b.theta[p]) and torch.equal(a.public[p], b.public[p])
+        assert list(a.history[p]) == list(b.history[p])
+
+
+def test_learner_state_round_trip_continues_identically():
+    plan, syncer, (l0, l1) = setup()
+    for t in range(3):
+        for s in encoded(l0, l0.on_step(float(t), 10, 1.0)):
+            syncer.on_contribution(t + 0.1, s.message)
+    l1.load_state_dict(l0.state_dict())
+    l1.id = l0.id
+    for name in l0.params:
+        l1.params[name].copy_(l0.params[name])
+    a = [s.message for s in l0.on_step(5.0, 10, 1.0)]
+    b = [s.message for s in l1.on_step(5.0, 10, 1.0)]
+    assert [(o.fragment, o.seq, o.steps, o.work_s) for o in a] == [
+        (o.fragment, o.seq, o.steps, o.work_s) for o in b
+    ]
+    assert all(torch.equal(x.delta, y.delta) for x, y in zip(a, b, strict=True))
+
+
+def test_event_kinds_are_a_closed_set():
+    assert {"round_closed", "accepted", "refused", "joined", "lost"} <= set(KINDS)
+    with pytest.raises(KeyError, match="not one of"):
+        Event.make(0.0, "made_up", "syncer")
+    with pytest.raises(TypeError):
+        Event.make(0.0, "lost", "syncer", learner="L0", color="red")
+    e = Event.make(1.0, "lost", "syncer", learner="L0")
+    assert e.to_dict() == {"t": 1.0, "kind": "lost", "source": "syncer", "data": {"learner": "L0"}}
+    assert Event.from_dict(e.to_dict()) == e
+
+
+def test_step_helper_encodes():  # the tests' stand-in for a driver encodes like one
+    plan, syncer, (l0, _) = setup()
+    (s,) = step(l0, 1.0, 10, 1.0)
+    assert isinstance(s.message, Contribution)
