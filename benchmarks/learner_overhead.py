@@ -138,10 +138,18 @@ def plot(result: dict, path: Path) -> None:
         ax.plot(pct, marker="o", ms=3, lw=1, label=f"repeat {i + 1}: median {med:+.1f}%")
     ax.axhline(100 * result["overhead_median"], color="k", lw=1.5,
                label=f"median over repeats {100 * result['overhead_median']:+.1f}%")  # fmt: skip
+    title = f"learner overhead, comm={result['comm']}, schedule={result['schedule']}"
+    finish_plot(fig, ax, path, "block pair", "atoll / plain step time - 1 (%)", title)
+
+
+def finish_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """The +3% target line, labels and legend; save the figure to `path`."""
+    import matplotlib.pyplot as plt
+
     ax.axhline(3, color="r", ls="--", lw=1, label="target +3%")
-    ax.set_xlabel("block pair")
-    ax.set_ylabel("atoll / plain step time - 1 (%)")
-    ax.set_title(f"learner overhead, comm={result['comm']}, schedule={result['schedule']}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -138,6 +138,8 @@ def test_encoder_resets_after_a_heal_and_drops_older_generations():
         ({"sent_at": math.nan}, Refusal.HEADER),
         ({"work_s": -1.0}, Refusal.HEADER),
         ({"steps": -1}, Refusal.COUNTERS),
+        ({"base_version": -1}, Refusal.HEADER),
+        ({"sent_at": -5.0}, Refusal.HEADER),
         ({"learner": "stranger"}, Refusal.NOT_JOINED),
         ({"base_version": 5}, Refusal.STALE_BASE),
         ({"fragment": 9}, Refusal.FRAGMENT),

@@ -25,8 +25,15 @@ def setup(
         plan,
         [plan.flatten(init, p) for p in range(2)],
         SyncerConfig(
-            **{"quorum": quorum, "grace": grace, "tau": tau, "outer": "sgd", "outer_lr": 1.0,
-               "schedule": schedule, **kw}  # fmt: skip
+            **{
+                "quorum": quorum,
+                "grace": grace,
+                "tau": tau,
+                "outer": "sgd",
+                "outer_lr": 1.0,
+                "schedule": schedule,
+                **kw,
+            }  # fmt: skip
         ),
     )
     learners = []
@@ -55,8 +62,7 @@ def encoded(lp, outputs):
         lp, codec.ContributionEncoder(cfg.codec, cfg.group, cfg.error_feedback)
     )
     return [
-        Send(o.to, enc.encode(o.message)) if isinstance(o.message, Outgoing) else o
-        for o in outputs
+        Send(o.to, enc.encode(o.message)) if isinstance(o.message, Outgoing) else o for o in outputs
     ]
 
 

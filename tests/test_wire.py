@@ -218,3 +218,35 @@ def test_comm_side_encodes_in_send_order_and_drops_obsolete_contributions():
     assert item.outgoing.delta is xs[1] and item.outgoing.work_s == 1.0
     assert comm.link.queue.counts()[:2] == (1, 2)  # one in flight, two handed over
     comm.link.close_channels()
+
+
+def test_run_directory_of_the_earlier_layout_still_restores(tmp_path):
+    """tests/data/old_layout was written by the store before the fragment-state dicts (a
+    snapshot after 6 merges, 4 more on the tape); restoring it gives the state the same
+    contributions give now."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).parent / "data" / "old_layout"
+    shutil.copytree(src, tmp_path / "run")
+    plan, make = _syncer("nesterov")
+    live = make()
+    for _ in _drive(live, 10):
+        pass
+    back = make()
+    r = restore(back, tmp_path / "run" / "snapshot.safetensors", Tape(tmp_path / "run" / "tape"))
+    assert r.found and r.snapshot_seq == 6 and r.replayed == 4 and r.lost_committed_rounds == 0
+    _same_state(live, back)
+
+
+def test_contribution_header_round_trip_and_the_send_time_window():
+    from atoll.wire import convert
+
+    c = Contribution("L0", 1, 7, 3, b"xyz", 2, 64, 100.0, 0.5, 1.25)
+    h = convert.contribution_header(c, "inc")
+    assert convert.contribution_from_header(h, b"xyz", 100.0) == c
+    assert convert.contribution_from_header(h, b"xyz", 1000.0).sent_at == 1000.0 - 600.0
+    h.sent_at = 5000.0  # a clock ahead of the syncer's: taken as now
+    assert convert.contribution_from_header(h, b"xyz", 1000.0).sent_at == 1000.0
+    h.sent_at = -5.0  # left for the core to refuse
+    assert convert.contribution_from_header(h, b"xyz", 1000.0).sent_at == -5.0

@@ -66,8 +66,15 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 
 
 def load_events(path: str | Path) -> list[Event]:
-    """The events of an events.jsonl as typed records (atoll.core.events)."""
-    return [Event.from_dict(d) for d in read_events(path)]
+    """The events of an events.jsonl as typed records (atoll.core.events). Lines of a kind or
+    with fields this atoll does not define (a log written by another version) are skipped."""
+    out = []
+    for d in read_events(path):
+        try:
+            out.append(Event.from_dict(d))
+        except (KeyError, TypeError):
+            continue
+    return out
 
 
 def write_events(path: str | Path, events: list[Event]) -> None:

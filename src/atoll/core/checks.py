@@ -22,6 +22,8 @@ def check_numbers(c: Contribution) -> Rejection | None:
         v = getattr(c, k)
         if not math.isfinite(v) or v < 0:
             return Rejection(Refusal.HEADER, f"{k}={v} is not a finite number >= 0")
+    if c.base_version < 0:
+        return Rejection(Refusal.HEADER, f"base version {c.base_version} is negative")
     if c.steps < 0 or c.tokens < 0:
         return Rejection(
             Refusal.COUNTERS, f"negative counters (steps={c.steps}, tokens={c.tokens})"

@@ -1,7 +1,10 @@
 """The syncer protocol's durable state: what a snapshot and a tape record hold.
 
-`state_dict()` is the whole state as plain values and tensors (copies: it may be written
-without the lock that guards the protocol); `load_state_dict()` puts it back. A tape record is
+`state_dict()` is the whole state as plain values and tensors (it may be written without the
+lock that guards the protocol: the current values are copies, and the history values are
+shared, which is safe because the protocol never changes a tensor it holds in place, it
+replaces it); `load_state_dict()` puts it back into a freshly built protocol (membership and
+open rounds are not state: learners rejoin). A tape record is
 one fragment's state right after a merge (`fragment_state`), replayed with
 `load_fragment_state`. The drivers serialize these dicts (atoll.live.syncer.store); they
 never read or write the protocol's fields themselves.
@@ -28,6 +31,10 @@ from atoll.core.outer import OuterState
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.clone()
+
+
+def _same(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t
 
 
 class DurableState:
@@ -61,18 +68,22 @@ class DurableState:
         self.grace.to_quorum.value = st.get("to_quorum")
         self.grace.sync.value = st.get("sync")
 
-    def fragment_state(self, p: int, keep_history: int | None = None) -> dict[str, Any]:
-        """Fragment p's state (copies), with its newest `keep_history` public versions
-        (default: only the current one, which a tape record needs)."""
+    def fragment_state(
+        self, p: int, keep_history: int | None = None, copy: bool = True
+    ) -> dict[str, Any]:
+        """Fragment p's state, with its newest `keep_history` public versions (default: only
+        the current one, which a tape record needs). `copy=False`: the protocol's own tensors
+        (to be serialized at once, under the lock)."""
         st = self.outer_state[p]
         items = list(self.history[p].items())[-(keep_history or 1) :]
+        c = _clone if copy else _same
         return {
             "fragment": p,
             "version": self.version[p],
-            "theta": self.theta[p].clone(),
-            "public": self.public[p].clone(),
-            "outer": {"buf": _clone(st.buf), "acc": _clone(st.acc), "count": st.count},
-            "history": {v: t.clone() for v, t in items},
+            "theta": c(self.theta[p]),
+            "public": c(self.public[p]),
+            "outer": {"buf": c(st.buf), "acc": c(st.acc), "count": st.count},
+            "history": dict(items),
             "rounds_closed": self.rounds_closed,
             "grace": self._grace_state(),
         }

@@ -27,6 +27,7 @@ Closing a round for fragment p:
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -253,9 +254,10 @@ class SyncerProtocol(DurableState):
         if k <= 0:
             return []
         mean = msg.step_time  # the learner's own measure: one step, or its first report
-        if prev is not None and k > 1 and msg.work_s > prev[1]:
-            mean = (msg.work_s - prev[1]) / k
-        self.reported[lid] = (msg.step, msg.work_s)
+        work = msg.work_s if math.isfinite(msg.work_s) else (prev[1] if prev else 0.0)
+        if prev is not None and k > 1 and work > prev[1]:
+            mean = (work - prev[1]) / k
+        self.reported[lid] = (msg.step, work)
         if not mean > 0 or mean == float("inf"):
             return []
         for _ in range(min(k, PROGRESS_STEPS_MAX)):

@@ -2,8 +2,8 @@
 
 - learner/     `Learner`: Decoupled DiLoCo for any PyTorch training loop (background comms)
 - comm/        the learner's communication side (gRPC, encoding; threads or a child process)
-- syncer.py    `SyncerService`: the wall-clock driver of the core's syncer, durable
-- store.py     the event tape and snapshots, and restore
+- syncer/      `SyncerService`: the wall-clock driver of the core's syncer (handlers, runtime,
+               outbox, store: the event tape, snapshots and restore, server)
 - launcher.py  `atoll run`: syncer + N learner processes, chaos, supervisor, summary
 See docs/live.md.
 """

@@ -69,9 +69,10 @@ def contribution_header(c: Contribution, incarnation: str) -> pb.ContributionHea
 
 def contribution_from_header(h: pb.ContributionHeader, payload: bytes, now: float) -> Contribution:
     """The core's Contribution; the learner's clock is trusted only within SENT_AT_WINDOW_S
-    of the arrival (a finite sent_at is clamped there; others go on for the core to refuse)."""
+    of the arrival (a finite sent_at >= 0 is clamped there; others go on for the core to
+    refuse)."""
     sent_at = h.sent_at
-    if math.isfinite(sent_at):
+    if math.isfinite(sent_at) and sent_at >= 0:
         sent_at = min(max(sent_at, now - SENT_AT_WINDOW_S), now)
     return Contribution(
         learner=h.learner,
@@ -150,6 +151,22 @@ def learner_config_from_welcome(w: pb.Welcome, block: bool = True) -> LearnerCon
     return LearnerConfig(**{**fields, "block": block, "schedule": s.schedule or "push"})
 
 
+def hello(learner: str, incarnation: str, resume: Resume | None, epoch: str = "") -> pb.Hello:
+    """A Join's Hello: a fresh learner (`resume` None), or one with a past (`epoch`: the
+    syncer epoch its versions came from)."""
+    if resume is None:
+        return pb.Hello(protocol=PROTOCOL, learner=learner, incarnation=incarnation)
+    return pb.Hello(
+        protocol=PROTOCOL,
+        learner=learner,
+        incarnation=incarnation,
+        resume=resume.keep_progress,
+        base_versions=list(resume.base_versions),
+        latest_versions=list(resume.latest_versions),
+        epoch=epoch,
+    )
+
+
 def resume_from_hello(h: pb.Hello, epoch: str) -> Resume | None:
     """What a Hello says of the learner's past (None: a fresh learner)."""
     if not (h.resume or h.epoch):
@@ -171,6 +188,22 @@ def pulls_message(pulls: list[Pull]) -> pb.ControlDown:
 
 def pulls_from_message(msg: pb.ControlDown) -> list[Pull]:
     return [Pull(x.fragment, x.tick, x.at) for x in msg.pulls]
+
+
+def control_hello(learner: str, incarnation: str) -> pb.ControlHello:
+    return pb.ControlHello(protocol=PROTOCOL, learner=learner, incarnation=incarnation)
+
+
+def beat(learner: str, incarnation: str, tokens: int, p: Progress) -> pb.Beat:
+    """A heartbeat: liveness, this incarnation's tokens, and its step report `p`."""
+    return pb.Beat(
+        learner=learner,
+        incarnation=incarnation,
+        step=p.step,
+        tokens=tokens,
+        step_time=p.step_time,
+        work_s=p.work_s,
+    )
 
 
 def progress_from_beat(b: pb.Beat, now: float) -> Progress:

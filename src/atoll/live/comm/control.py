@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from atoll.core.messages import Progress
 from atoll.live.learner.messages import PullReceived, StepState
-from atoll.wire import PROTOCOL, convert
 from atoll.wire import atoll_pb2 as pb
+from atoll.wire import convert
 
 if TYPE_CHECKING:
     from atoll.live.comm.link import Link
@@ -37,18 +38,17 @@ def process_stopped(pid: int) -> bool:
 class Control:
     def __init__(self, link: Link) -> None:
         self.link = link
+        self._last = (0, 0.0)  # (steps, work_s) of the previous heartbeat
 
     # -- heartbeats ---------------------------------------------------------------------------
     def beat(self, st: StepState) -> pb.Beat:
-        """A heartbeat carrying the learner's counters from step state `st`."""
-        return pb.Beat(
-            learner=self.link.id,
-            incarnation=self.link.o.incarnation,
-            step=st.steps,
-            tokens=st.tokens,
-            step_time=st.step_time,
-            work_s=st.work_s,
-        )
+        """A heartbeat carrying the learner's counters from step state `st`; its step time is
+        the mean of the steps since the previous beat (the learner's EMA before any)."""
+        k, work = st.steps - self._last[0], st.work_s - self._last[1]
+        step_time = work / k if k > 0 and self._last[0] > 0 and work > 0 else st.step_time
+        self._last = (st.steps, st.work_s)
+        p = Progress(self.link.id, st.steps, step_time, time.time(), st.work_s)
+        return convert.beat(self.link.id, self.link.o.incarnation, st.tokens, p)
 
     def beat_once(self) -> None:
         """Report the final counters (tokens, step-seconds) synchronously."""
@@ -102,9 +102,7 @@ class Control:
             if not link.connected.wait(0.2):
                 continue
             joins = link.joins
-            hello = pb.ControlHello(
-                protocol=PROTOCOL, learner=link.id, incarnation=link.o.incarnation
-            )
+            hello = convert.control_hello(link.id, link.o.incarnation)
             call = link.control_stub.Pulls(hello, metadata=link.metadata)
             with link.lock:
                 link.ctl_call = call

@@ -18,7 +18,7 @@ import grpc
 import torch
 
 from atoll.core import codec
-from atoll.core.messages import FragmentUpdate, Heal
+from atoll.core.messages import FragmentUpdate, Heal, Resume
 from atoll.live.learner.messages import (
     CommFailed,
     FromComm,
@@ -26,8 +26,8 @@ from atoll.live.learner.messages import (
     UpdateReceived,
     Welcomed,
 )
-from atoll.wire import PROTOCOL, convert
 from atoll.wire import atoll_pb2 as pb
+from atoll.wire import convert
 from atoll.wire.chunks import Assembler, TransferError
 
 if TYPE_CHECKING:
@@ -44,15 +44,10 @@ class Downlink:
         with link.lock:
             force, link.force_heal = link.force_heal, False
         st = link.state
-        return pb.Hello(
-            protocol=PROTOCOL,
-            learner=link.id,
-            incarnation=link.o.incarnation,
-            resume=st is not None and not force,
-            base_versions=st.base_versions if st else [],
-            latest_versions=st.latest_versions if st else [],
-            epoch=link.epoch if st else "",
-        )
+        if st is None:  # nothing trained yet: a fresh learner
+            return convert.hello(link.id, link.o.incarnation, None)
+        past = Resume(tuple(st.base_versions), tuple(st.latest_versions), keep_progress=not force)
+        return convert.hello(link.id, link.o.incarnation, past, link.epoch)
 
     def run(self) -> None:
         """The down thread."""

@@ -68,13 +68,31 @@ def _state(prefix: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) 
             "acc": tensors.get(f"{prefix}acc"),
             "count": meta["count"],
         },
-        "history": {v: tensors.get(f"{prefix}hist.{v}", public) for v in meta["history"]},
+        "history": {
+            v: tensors.get(f"{prefix}hist.{v}", public)
+            for v in meta.get("history", [meta["version"]])  # older tapes: the current one
+        },
     }
+
+
+def _upgrade(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """A snapshot of the layout before the fragment-state dicts (`theta.{p}`, `outer.{p}.buf`,
+    `hist.{p}.{v}`, fragments by position) renamed in place to this one (`{p}.theta`, ...)."""
+    if all("fragment" in f for f in meta["fragments"]):
+        return
+    for p, f in enumerate(meta["fragments"]):
+        f["fragment"] = p
+        renames = {f"theta.{p}": "theta", f"public.{p}": "public", f"outer.{p}.buf": "buf",
+                   f"outer.{p}.acc": "acc"}  # fmt: skip
+        renames.update({f"hist.{p}.{v}": f"hist.{v}" for v in f["history"]})
+        for old, new in renames.items():
+            if old in tensors:
+                tensors[f"{p}.{new}"] = tensors.pop(old)
 
 
 def commit_record(proto: SyncerProtocol, seq: int, p: int, extra: dict[str, Any]) -> bytes:
     """The tape record of fragment p's state right after a merge."""
-    st = proto.fragment_state(p)
+    st = proto.fragment_state(p, copy=False)  # serialized right here, under the lock
     meta = {"seq": seq, **_meta(st), "rounds_closed": st["rounds_closed"], "grace": st["grace"],
             "extra": extra}  # fmt: skip
     return save(_tensors("", st), metadata={"json": json.dumps(meta)})
@@ -195,6 +213,7 @@ def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> Restored:
         blob = snapshot.read_bytes()
         tensors = load(blob)
         meta = json.loads(_metadata(blob)["json"])
+        _upgrade(meta, tensors)
         frags = [_state(f"{f['fragment']}.", f, tensors) for f in meta["fragments"]]
         proto.load_state_dict(
             {"rounds_closed": meta["rounds_closed"], "grace": meta["grace"], "fragments": frags}
@@ -219,6 +238,7 @@ def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> Restored:
             next_seq = max(next_seq, meta["seq"] + 1)
     # check the tape against the restored state: every committed version must be there
     out.lost_committed_rounds = sum(max(0, v - proto.version[p]) for p, v in committed.items())
-    proto.loaded()
+    if out.replayed or not out.found:  # (load_state_dict already did this for a snapshot)
+        proto.loaded()
     tape.next_seq = next_seq
     return out
