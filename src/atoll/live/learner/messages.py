@@ -60,7 +60,7 @@ class Submit:
 
     def __reduce__(self) -> tuple:
         o = self.outgoing
-        meta = {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "delta"}
+        meta = tuple(getattr(o, name) for name in _META)
         vector = self.vector if self.vector is not None else o.delta.numpy()
         return (_rebuild_submit, (meta, vector))
 
@@ -70,11 +70,14 @@ class Submit:
 
 
 _NO_DELTA = torch.empty(0)
+# Outgoing's fields but the delta (its last), in order: a pickled Submit is a plain tuple
+_META = tuple(f.name for f in dataclasses.fields(Outgoing))[:-1]
+assert dataclasses.fields(Outgoing)[-1].name == "delta"
 
 
-def _rebuild_submit(meta: dict, vector: np.ndarray | str) -> Submit:
+def _rebuild_submit(meta: tuple, vector: np.ndarray | str) -> Submit:
     """The receiving side of a pickled `Submit`: the vector as `vector`, no delta yet."""
-    return Submit(Outgoing(**meta, delta=_NO_DELTA), vector)
+    return Submit(Outgoing(*meta, delta=_NO_DELTA), vector)
 
 
 @dataclass(frozen=True)

@@ -122,9 +122,11 @@ class Handlers(pbg.SyncerServicer):
         rt = self.rt
         sess = rt.sessions.get(h.learner)
         if sess is None or sess.incarnation != h.incarnation:
-            return self._refuse(
-                h.learner, h.fragment, Refusal.NOT_JOINED, "learner has no live session"
+            reason = (
+                f"learner {h.learner!r} (incarnation {h.incarnation!r}) has no live session "
+                "here: it must join (open a Join stream) before it contributes"
             )
+            return self._refuse(h.learner, h.fragment, Refusal.NOT_JOINED, reason)
         if h.protocol != PROTOCOL:
             reason = f"protocol {h.protocol}, this syncer speaks {PROTOCOL}"
             return self._refuse(h.learner, h.fragment, Refusal.HEADER, reason)
