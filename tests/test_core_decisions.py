@@ -213,3 +213,31 @@ def test_step_helper_encodes():  # the tests' stand-in for a driver encodes like
     plan, syncer, (l0, _) = setup()
     (s,) = step(l0, 1.0, 10, 1.0)
     assert isinstance(s.message, Contribution)
+
+
+def test_a_newer_send_supersedes_a_queued_one_and_carries_its_work():
+    from atoll.core.learner import supersede
+
+    plan, syncer, (l0, _) = setup(schedule="pull")  # nothing is sent but what we ask for
+    for t in range(2):
+        l0.on_step(float(t), 10, 1.0)
+    (a,) = [s.message for s in l0.send_now(2.0, [0])]
+    l0.on_step(3.0, 10, 1.0)
+    (b,) = [s.message for s in l0.send_now(3.0, [0])]
+    c = supersede(a, b)
+    assert c.seq == b.seq and torch.equal(c.delta, b.delta)
+    assert c.work_s == pytest.approx(a.work_s + b.work_s) == pytest.approx(1.5)
+    (other,) = [s.message for s in l0.send_now(3.0, [1])]
+    with pytest.raises(ValueError, match="supersede"):
+        supersede(a, other)
+
+
+def test_a_model_must_match_the_plan():
+    from atoll.errors import ConfigError
+
+    plan, _, (l0, _) = setup()
+    plan.check_params(l0.params)
+    with pytest.raises(ConfigError, match="missing"):
+        plan.check_params({"a": torch.zeros(4)})
+    with pytest.raises(ConfigError, match="shape"):
+        plan.check_params({"a": torch.zeros(5), "b": torch.zeros(3)})

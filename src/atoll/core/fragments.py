@@ -91,6 +91,22 @@ class FragmentPlan:
     fragments: tuple[Fragment, ...]
     H: int
 
+    def check_params(self, params: Mapping[str, torch.Tensor]) -> None:
+        """A model must have exactly the plan's tensors, with the same shapes."""
+        want = {n: s for f in self.fragments for n, s in zip(f.names, f.shapes, strict=True)}
+        have = {n: tuple(p.shape) for n, p in params.items()}
+        if set(want) != set(have):
+            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+            raise ConfigError(
+                "model",
+                f"missing {missing[:5]}, unknown {extra[:5]}",
+                "the syncer's parameter names",
+            )
+        bad = [n for n in want if want[n] != have[n]]
+        if bad:
+            n = bad[0]
+            raise ConfigError("model", f"{n} has shape {have[n]}", f"shape {want[n]} (syncer's)")
+
     @property
     def P(self) -> int:
         return len(self.fragments)

@@ -30,6 +30,7 @@ fragment's share since its previous send; `final_flush` sends every fragment wit
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -65,6 +66,15 @@ class LearnerConfig:
         check_mode(self.receipt, self.alpha)
         if self.schedule not in ("pull", "push"):
             raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
+
+
+def supersede(old: Outgoing, new: Outgoing) -> Outgoing:
+    """A newer send of a fragment in place of an older one still waiting to go out: its delta
+    is measured from the same base and so holds the older one's progress; it carries the older
+    one's work (goodput) too."""
+    if old.fragment != new.fragment:
+        raise ValueError(f"fragment {new.fragment} cannot supersede a send of {old.fragment}")
+    return dataclasses.replace(new, work_s=new.work_s + old.work_s)
 
 
 @dataclass

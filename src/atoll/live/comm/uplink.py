@@ -10,7 +10,6 @@ else a Push stream (header, chunks) through the optional token bucket.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from atoll.core.learner import supersede
 from atoll.core.messages import Contribution, Outgoing
 from atoll.live.learner.messages import PushRefused
 from atoll.wire import atoll_pb2 as pb
@@ -84,9 +84,9 @@ class SendQueue:
         with self._cv:
             for o in items:
                 self.received += 1
-                old = self._out.pop(o.fragment, None)  # the newest send supersedes it
-                if old is not None:  # and carries its work
-                    o = dataclasses.replace(o, work_s=o.work_s + old.outgoing.work_s)
+                old = self._out.pop(o.fragment, None)
+                if old is not None:  # the newest send of a fragment goes in its place
+                    o = supersede(old.outgoing, o)
                 self._out[o.fragment] = Pending(o)
             self._cv.notify()
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from atoll.live.learner.api import Learner, check_params
+    from atoll.live.learner.api import Learner
 
 
 def __getattr__(name: str) -> object:
-    if name in ("Learner", "check_params"):
+    if name == "Learner":
         from atoll.live.learner import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'atoll.live.learner' has no attribute {name!r}")
 
 
-__all__ = ["Learner", "check_params"]
+__all__ = ["Learner"]

@@ -43,7 +43,7 @@ from collections import deque
 
 import torch
 
-from atoll.core.fragments import FlatFragments, FragmentPlan
+from atoll.core.fragments import FlatFragments
 from atoll.core.learner import LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
 from atoll.errors import ConfigError
@@ -77,21 +77,6 @@ def _median_ms(xs: deque[float]) -> float | None:
     """Median of a few recent latencies, in ms (None if there are none)."""
     vals = sorted(xs)
     return round(1e3 * vals[len(vals) // 2], 3) if vals else None
-
-
-def check_params(plan: FragmentPlan, params: dict[str, torch.Tensor]) -> None:
-    """The model must have exactly the syncer's tensors, with the same shapes."""
-    want = {n: s for f in plan.fragments for n, s in zip(f.names, f.shapes, strict=True)}
-    have = {n: tuple(p.shape) for n, p in params.items()}
-    if set(want) != set(have):
-        missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-        raise ConfigError(
-            "model", f"missing {missing[:5]}, unknown {extra[:5]}", "the syncer's parameter names"
-        )
-    bad = [n for n in want if want[n] != have[n]]
-    if bad:
-        n = bad[0]
-        raise ConfigError("model", f"{n} has shape {have[n]}", f"shape {want[n]} (syncer's)")
 
 
 class Learner:
@@ -194,7 +179,7 @@ class Learner:
                 case HealReceived(heal) if welcome is not None:
                     plan = convert.plan_from_welcome(welcome)
                     cfg = convert.learner_config_from_welcome(welcome, block=True)
-                    check_params(plan, self.params)
+                    plan.check_params(self.params)
                     flat = FlatFragments(plan, self.params)  # one op per fragment taken or set
                     self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat)
                     self.port.layout([f.numel for f in plan.fragments])
