@@ -7,7 +7,9 @@ Chaos spec (setting `chaos`), comma separated:
     kill:syncer@40+2  SIGKILL the syncer at 40 s, restart it (from its tape) 2 s later
     random:3          3 learner kills at seeded random times in [10%, 70%] of `max_wall_s`...
                       (drawn from `chaos_seed`; downtime `restart_delay_s`)
-Times are seconds after the syncer started. A process that dies unexpectedly is restarted after
+Times are seconds after training started (every learner has joined: the syncer's `start_at`),
+so that a schedule means the same on a slow machine, where processes take longer to start;
+learners that never all join get no chaos. A process that dies unexpectedly is restarted after
 `restart_delay_s` too. Ctrl+C (or SIGTERM) stops every child; children also get SIGTERM if the
 launcher itself dies (PR_SET_PDEATHSIG), so no process is left behind.
 """
@@ -179,6 +181,16 @@ class Launcher:
 
         (self.run_dir / "corpus.bin").write_bytes(corpus_bytes(self.scfg))
 
+    def _training_started(self) -> float | None:
+        """The syncer's start time (all expected learners joined), once it has one."""
+        from atoll.live.client import status
+
+        try:
+            st = status(self.address, self.run_id, self.secret_path.read_text(), 1.0)
+        except Exception:  # noqa: BLE001 - the syncer may be restarting: ask again later
+            return None
+        return st.start_at or None
+
     def _wait_syncer(self, timeout: float = 60.0) -> None:
         from atoll.live.client import wait_ready
 
@@ -191,7 +203,8 @@ class Launcher:
         self.procs["syncer"] = _Proc("syncer", self._argv("syncer"))
         self._spawn(self.procs["syncer"])
         self._wait_syncer()
-        t0 = time.time()
+        t0: float | None = None  # the chaos clock: when training started
+        asked = 0.0
         self._say(f"syncer on {self.address}; starting {self.scfg.learners} learners")
         for i in range(self.scfg.learners):
             p = _Proc(f"L{i}", self._argv("learner", i))
@@ -202,7 +215,10 @@ class Launcher:
         try:
             while True:
                 now = time.time()
-                while chaos and now - t0 >= chaos[0].at:
+                if t0 is None and chaos and now - asked >= 0.2:
+                    asked = now
+                    t0 = self._training_started()
+                while chaos and t0 is not None and now - t0 >= chaos[0].at:
                     self._inject(chaos.pop(0), now)
                 self._supervise(now)
                 learners = [p for n, p in self.procs.items() if n != "syncer"]

@@ -110,6 +110,12 @@ def channel_options(name: str) -> list[tuple[str, object]]:
         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
         ("grpc.enable_retries", 0),
+        # a syncer that restarts is back within seconds: try its address again at most every
+        # 2 s (grpc's default backoff grows to 120 s, and a learner could miss the syncer's
+        # return for a whole run)
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2000),
         ("atoll.channel", name),
         ("grpc.use_local_subchannel_pool", 1),
         # a server stream (Join) is read by the thread that iterates it, without waking a
