@@ -17,7 +17,7 @@ def _emits():
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "emit"
+                and node.func.attr in ("emit", "record")  # EventLog.emit, SyncerRuntime.record
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
             ):

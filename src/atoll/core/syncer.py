@@ -27,6 +27,7 @@ Closing a round for fragment p:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -363,15 +364,9 @@ class SyncerProtocol(DurableState):
                 raise ValueError(
                     f"version {new.version} of fragment {new.fragment} is no longer held"
                 )
-            payload = codec.encode(value, "fp32")
-            return FragmentUpdate(
-                new.fragment, new.version, "full", new.base_version, payload, included,
-                new.closed_at,
-            )  # fmt: skip
-        return FragmentUpdate(
-            new.fragment, new.version, new.kind, new.base_version, new.payload, included,
-            new.closed_at,
-        )  # fmt: skip
+            full = codec.encode(value, "fp32")
+            return dataclasses.replace(new, kind="full", payload=full, included=included)
+        return dataclasses.replace(new, included=included)
 
     def global_params(self) -> dict[str, torch.Tensor]:
         """The exact global parameters by name (copies)."""

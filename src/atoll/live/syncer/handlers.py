@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from atoll.core.events import Event
 from atoll.core.messages import Heal, Refusal, Send
 from atoll.live.syncer.outbox import Control, Session
 from atoll.live.syncer.runtime import SyncerRuntime
@@ -95,11 +96,9 @@ class Handlers(pbg.SyncerServicer):
 
     # -- Push ---------------------------------------------------------------------------------
     def _refuse(self, learner: str, fragment: int, code: Refusal, reason: str) -> pb.PushReply:
-        self.rt.events.emit(
-            "refused", "syncer", learner=learner, fragment=fragment, reason=reason, code=code.value
+        self.rt.record(
+            "refused", learner=learner, fragment=fragment, reason=reason, code=code.value
         )
-        with self.rt.lock:
-            self.rt.acct["refused"] += 1
         return pb.PushReply(accepted=False, reason=reason, action=code.action, code=code.value)
 
     def Push(  # noqa: N802
@@ -145,11 +144,7 @@ class Handlers(pbg.SyncerServicer):
         except TransferError as exc:
             return self._refuse(h.learner, h.fragment, Refusal.TRANSFER, str(exc))
         except Exception as exc:  # the stream broke: nothing of it reaches the protocol
-            with rt.lock:
-                rt.acct["broken_transfers"] += 1
-            rt.events.emit(
-                "transfer_broken", "syncer", learner=h.learner, fragment=h.fragment, error=str(exc)
-            )
+            rt.record("transfer_broken", learner=h.learner, fragment=h.fragment, error=str(exc))
             reason = f"transfer broken: {exc}"
             return pb.PushReply(accepted=False, reason=reason, code=Refusal.TRANSFER.value)
         now = time.time()
@@ -158,7 +153,7 @@ class Handlers(pbg.SyncerServicer):
             sess.last_seen = now
             outs = rt.proto.on_contribution(now, c)
             rt.process(now, outs)
-        refused = [o.data for o in outs if getattr(o, "kind", "") == "refused"]
+        refused = [o.data for o in outs if isinstance(o, Event) and o.kind == "refused"]
         if refused:
             r = refused[0]
             action = Refusal(r.code).action

@@ -149,6 +149,13 @@ class SyncerRuntime:
                 if sess is not None and ctl is not None and ctl.incarnation == sess.incarnation:
                     ctl.put(o.message)
 
+    def record(self, kind: str, **data: Any) -> None:
+        """An event of the driver's own (a transport refusal, a broken transfer): logged and
+        counted as the protocol's events are."""
+        now = time.time()
+        with self.lock:
+            self.process(now, [Event.make(now, kind, "syncer", **data)])
+
     def _account(self, e: Event) -> None:
         a = self.acct
         if e.kind == "accepted":
@@ -157,6 +164,10 @@ class SyncerRuntime:
             a["useful_s"] += e.data.work_s
         elif e.kind == "refused":
             a["refused"] += 1
+        elif e.kind == "transfer_broken":
+            a["broken_transfers"] += 1
+        elif e.kind == "auth_refused":
+            a["auth_refused"] += 1
         elif e.kind == "seen_check":
             a["lost_committed_rounds"] += e.data.lost_committed_rounds
 

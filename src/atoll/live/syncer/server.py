@@ -65,9 +65,7 @@ class SyncerService:
         return self.runtime.lock
 
     def _auth_refused(self, method: str, reason: str) -> None:
-        rt = self.runtime
-        rt.acct["auth_refused"] = int(rt.acct.get("auth_refused", 0)) + 1
-        rt.events.emit("auth_refused", "syncer", method=method, reason=reason)
+        self.runtime.record("auth_refused", method=method, reason=reason)
 
     def start(self) -> int:
         self.server = grpc.server(
