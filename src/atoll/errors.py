@@ -1,4 +1,5 @@
-"""The one exception type a user sees for bad input."""
+"""The exception types a user sees: bad input (`ConfigError`), and a learner whose link to
+the syncer can no longer work (`CommError`)."""
 
 
 class ConfigError(ValueError):
@@ -13,3 +14,9 @@ class ConfigError(ValueError):
         self.value = value
         self.allowed = allowed
         super().__init__(f"{setting}={value!r} is not allowed: {allowed}")
+
+
+class CommError(RuntimeError):
+    """A learner's communication side is gone (its process killed, a thread dead, the syncer
+    refused it): raised from `Learner.step()`, so that the process stops loudly and its
+    supervisor restarts it (it then heals from the syncer)."""

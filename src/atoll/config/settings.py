@@ -14,6 +14,7 @@ settings are `atoll.config.live.LiveConfig`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -97,6 +98,9 @@ class ProtocolSettings:
     grace_ema: float = 0.1
     merge: str = "rda"
     weighting: str = "tokens"
+    # magnitude guard (atoll.core.guard): a contribution beyond `guard` x what the run has
+    # seen is refused and its learner heals; 0 = off
+    guard: float = 10.0
     # outer optimizer: plain SGD with lr 1 (the merged value itself) measured best at this
     # scale; Nesterov (0.7, 0.9) lost 0.3-0.4 nats (benchmarks/results/outer_sweep.json)
     outer: str = "sgd"
@@ -117,6 +121,7 @@ class ProtocolSettings:
     def validate(self, learners: int | None = None) -> ProtocolSettings:
         """`learners` (M), when known, bounds the quorum: K <= M."""
         need(self, self.group >= 1, "group", "an integer >= 1")
+        need(self, self.guard == 0 or 1 < self.guard < math.inf, "guard", "0 (off) or a number > 1")
         need(self, self.H >= 1, "H", "an integer >= 1")
         need(self, self.schedule in ("pull", "push"), "schedule", "'pull' or 'push'")
         need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
@@ -161,6 +166,9 @@ class WorldSettings:
     mtbf_s: float = 0.0
     downtime_s: float = 30.0
     downtime_jitter: float = 0.5
+    # chaos (atoll.chaos): a scenario file (.toml/.json) or spec ("kill:L1@20+3,stop:L2@30+2",
+    # missing durations: downtime_s), applied in virtual seconds; "" = none
+    scenario: str = ""
 
     def speeds_for(self, learners: int) -> list[float]:
         """One step-time factor per learner, from `speeds`."""
@@ -194,6 +202,10 @@ class WorldSettings:
         need(self, 0 <= self.downtime_jitter < 1, "downtime_jitter", "a number in [0, 1)")
         if learners is not None:
             self.speeds_for(learners)
+        if self.scenario and learners is not None:
+            from atoll.chaos import load
+
+            load(self.scenario, self.downtime_s).validate(learners)
         return self
 
 

@@ -15,18 +15,45 @@ from atoll.core import codec
 from atoll.core.fragments import FragmentPlan
 from atoll.core.messages import Contribution, Refusal, Rejection
 
+# Bounds on a header's numbers, far beyond any real run: a learner's bug must not be able to
+# freeze the pull clock (a step time of 1e300), end the token budget, or outweigh every other
+# learner in the merge (tokens^2/steps of 2^63 tokens).
+STEP_TIME_MAX = 3600.0  # seconds per inner step
+TOKENS_PER_STEP_MAX = 1 << 24  # tokens per inner step
+STEPS_MAX = 1 << 31  # steps one contribution may cover
+
 
 def check_numbers(c: Contribution) -> Rejection | None:
-    """The header's numbers: finite and >= 0 times, non-negative counters."""
+    """The header's numbers: finite and >= 0 times, counters within bounds."""
     for k in ("sent_at", "step_time", "work_s"):
         v = getattr(c, k)
         if not math.isfinite(v) or v < 0:
             return Rejection(Refusal.HEADER, f"{k}={v} is not a finite number >= 0")
+    if c.step_time > STEP_TIME_MAX:
+        return Rejection(
+            Refusal.HEADER, f"step_time={c.step_time} s is beyond the bound of {STEP_TIME_MAX} s"
+        )
     if c.base_version < 0:
         return Rejection(Refusal.HEADER, f"base version {c.base_version} is negative")
     if c.steps < 0 or c.tokens < 0:
         return Rejection(
             Refusal.COUNTERS, f"negative counters (steps={c.steps}, tokens={c.tokens})"
+        )
+    return check_counters(c.steps, c.tokens, c.work_s)
+
+
+def check_counters(steps: int, tokens: int, work_s: float) -> Rejection | None:
+    """Counters a learner reports (a contribution's, or a heartbeat's since it joined)."""
+    if steps > STEPS_MAX or tokens > max(steps, 1) * TOKENS_PER_STEP_MAX:
+        return Rejection(
+            Refusal.COUNTERS,
+            f"counters beyond bounds (steps={steps} <= {STEPS_MAX}, tokens={tokens} <= "
+            f"{TOKENS_PER_STEP_MAX} per step)",
+        )
+    if work_s > max(steps, 1) * STEP_TIME_MAX:
+        return Rejection(
+            Refusal.COUNTERS,
+            f"work_s={work_s} is beyond {STEP_TIME_MAX} s for each of {steps} steps",
         )
     return None
 

@@ -10,7 +10,10 @@ Frame (little endian):
     magic  b"ATF1" | version u8 | scheme u8 | flags u8 (bit 0: zstd) | reserved u8
     numel u64 | group u32 | body_len u32 | crc32(body) u32 | body
 Decoding checks every field, the checksum and that all values are finite, and raises
-`CodecError` naming what was wrong; it never returns a partial result.
+`CodecError` naming what was wrong; it never returns a partial result. Its memory is bounded by
+the size of the frame plus a few times the body that `numel` values of the scheme make (the
+group of an int frame is at most `numel`, and a zstd body must decompress to exactly that
+body: a small frame claiming a huge size is refused before anything is allocated).
 
 Error feedback (`ErrorFeedback`): the sender adds the residual of what it could not send last
 time to the next vector, so the sum of what was sent tracks the sum of the true values.
@@ -42,6 +45,9 @@ VERSION = 1
 _SCALE_UP = 1.0 + 2.0**-7  # stored bf16 scales are never smaller than absmax/qmax
 _QBOUND = {"int8": 128, "int4": 8}  # largest |q| a frame can hold (a crafted one included)
 _FLT_MAX = float(torch.finfo(torch.float32).max)
+_FLT_MIN = float(torch.finfo(torch.float32).tiny)  # the smallest normal float32
+MAX_NUMEL = 1 << 31  # decode's default limit on the values of one frame
+_ZSTD_FLAG = 1
 
 
 class CodecError(ValueError):
@@ -64,7 +70,11 @@ def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor,
         raise CodecError("refusing to encode non-finite values")
     if top * _SCALE_UP * _SCALE_UP > _FLT_MAX:  # its scale times qmax would overflow float32
         raise CodecError(f"refusing to encode |x| = {top:.3g}: too close to the float32 maximum")
-    zero = absmax == 0
+    # a group whose scale would be below the smallest normal float is sent as zeros: such a
+    # scale can round to 0 in bf16, and x/0 would make what the sender believes it sent NaN
+    # (error feedback then carries NaN into every later frame of the fragment; residuals of a
+    # fragment that stops changing shrink ~14x per frame and get there in a few dozen)
+    zero = absmax < qmax * _FLT_MIN
     scales = absmax.div_(qmax).mul_(_SCALE_UP).to(torch.bfloat16).masked_fill_(zero, 1.0)
     return g, scales
 
@@ -104,6 +114,9 @@ def _encode(
     communication thread)."""
     check_scheme(scheme)
     x = x.detach().reshape(-1).float().contiguous()
+    # one group of all the values when they are fewer than `group`: the same scale and values,
+    # without padding (a decoder refuses a group larger than the frame's values)
+    group = max(1, min(group, x.numel()))
     sent = None
     if scheme == "fp32":
         _check_finite(x)
@@ -132,7 +145,7 @@ def _encode(
     flags = 0
     if compress:
         body = zstandard.ZstdCompressor(level=1).compress(body)
-        flags |= 1
+        flags |= _ZSTD_FLAG
     header = _HEADER.pack(
         MAGIC,
         VERSION,
@@ -153,37 +166,42 @@ def peek(frame: bytes) -> tuple[str, int]:
         raise CodecError(
             f"frame of {len(frame)} bytes is shorter than its {_HEADER.size}-byte header"
         )
-    magic, version, scheme_id, _flags, _r, numel, _group, _blen, _crc = _HEADER.unpack_from(frame)
+    magic, version, scheme_id, flags, reserved, numel, _g, _blen, _crc = _HEADER.unpack_from(frame)
     if magic != MAGIC:
         raise CodecError(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
         raise CodecError(f"frame version {version}, this atoll reads version {VERSION}")
     names = {v: k for k, v in SCHEMES.items()}
     if scheme_id not in names:
-        raise CodecError(f"unknown scheme id {scheme_id}")
+        raise CodecError(f"unknown scheme id {scheme_id}, known: {sorted(names)}")
+    if flags & ~_ZSTD_FLAG:
+        raise CodecError(f"flags {flags:#04x}: only bit 0 (zstd) is defined")
+    if reserved:
+        raise CodecError(f"reserved byte is {reserved}, must be 0")
     return names[scheme_id], numel
 
 
-def decode(frame: bytes, expect_numel: int | None = None, max_numel: int = 1 << 31) -> torch.Tensor:
+def decode(
+    frame: bytes, expect_numel: int | None = None, max_numel: int = MAX_NUMEL
+) -> torch.Tensor:
     scheme, numel = peek(frame)
     _m, _v, _s, flags, _r, _n, group, blen, crc = _HEADER.unpack_from(frame)
     if expect_numel is not None and numel != expect_numel:
         raise CodecError(f"frame holds {numel} values, expected {expect_numel}")
     if numel > max_numel:
         raise CodecError(f"frame holds {numel} values, over the limit of {max_numel}")
+    if scheme in _QMAX and not 1 <= group <= max(numel, 1):
+        raise CodecError(
+            f"group size {group} of a frame of {numel} values: must be in [1, {max(numel, 1)}]"
+        )
     body = frame[_HEADER.size :]
     if len(body) != blen:
         raise CodecError(f"body is {len(body)} bytes, header says {blen}")
     if zlib.crc32(body) != crc:
         raise CodecError("checksum mismatch: the payload was corrupted")
-    if flags & 1:
-        try:
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=16 * numel + 64)
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"zstd: {exc}") from exc
-    if scheme in _QMAX and group < 1:
-        raise CodecError(f"group size {group} must be >= 1")
     expected = _body_len(scheme, numel, group)
+    if flags & _ZSTD_FLAG:
+        body = _decompress(body, expected)
     if len(body) != expected:
         raise CodecError(
             f"{scheme} body of {len(body)} bytes, expected {expected} for {numel} values"
@@ -217,6 +235,22 @@ def decode(frame: bytes, expect_numel: int | None = None, max_numel: int = 1 << 
     if not torch.isfinite(out).all():
         raise CodecError("payload holds non-finite values")
     return out
+
+
+def _decompress(body: bytes, expected: int) -> bytes:
+    """A zstd body that must decompress to exactly `expected` bytes; the size its frame
+    declares is checked before any output is allocated (zstd trusts it)."""
+    try:
+        declared = zstandard.get_frame_parameters(body).content_size
+        if declared != zstandard.CONTENTSIZE_UNKNOWN and declared != expected:
+            raise CodecError(
+                f"zstd frame declares {declared} bytes, the header's values make {expected}"
+            )
+        return zstandard.ZstdDecompressor().decompress(
+            body, max_output_size=expected, allow_extra_data=False
+        )
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"zstd: {exc}") from exc
 
 
 def _body_len(scheme: str, numel: int, group: int) -> int:

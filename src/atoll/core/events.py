@@ -15,6 +15,8 @@ Protocol (atoll.core):
     refused         syncer refused a contribution: learner, fragment, reason, [code]
     round_closed    syncer merged a fragment: fragment, version, participants [ids], weights,
                     staleness [rounds], quorum_wait_s, grace_s, bytes_in, bytes_out
+    merge_refused   syncer dropped a round whose merge was not finite: fragment,
+                    participants, reason (nothing committed)
     healed          learner loaded every global fragment: [versions, incarnation, since_start_s]
     applied         learner applied a global fragment: fragment, version, mode
 Drivers (virtual-time and live learners):
@@ -32,8 +34,14 @@ Live learner's communication side:
 Live syncer:
     syncer_started (port, epoch, restored); syncer_stopped (rounds); restored (snapshot_records,
     replayed, rounds_closed, versions, lost_committed_rounds); snapshot (tape_next, rounds);
-    seen_check (learner, lost_committed_rounds); transfer_broken (learner, fragment, error);
-    auth_refused (method, reason)
+    seen_check (learner, lost_committed_rounds, [implausible]);
+    transfer_broken (learner, fragment, error);
+    auth_refused (method, reason, [count: refusals since the last one written]);
+    limit_reached (what, limit, [learner]); snapshot_failed (error);
+    disk_failed (error, path): the tape could not be written, nothing is committed until
+    disk_recovered (paused_s)
+Any process:
+    thread_died (thread, error): a background thread raised; the process then stops
 Launcher:
     run_started (run_id, address); run_ended (interrupted); timeout (max_wall_s);
     started, restarted (process, pid); crashed (process, rc); chaos (action, process, duration_s)
@@ -119,6 +127,13 @@ class RoundClosed(Record):
     grace_s: float
     bytes_in: int
     bytes_out: int
+
+
+@_kind("merge_refused")
+class MergeRefused(Record):
+    fragment: int
+    participants: list
+    reason: str
 
 
 @_kind("healed")
@@ -253,6 +268,7 @@ class Snapshot(Record):
 class SeenCheck(Record):
     learner: str
     lost_committed_rounds: int
+    implausible: str | None = None
 
 
 @_kind("transfer_broken")
@@ -266,6 +282,36 @@ class TransferBroken(Record):
 class AuthRefused(Record):
     method: str
     reason: str
+    count: int | None = None
+
+
+@_kind("limit_reached")
+class LimitReached(Record):
+    what: str
+    limit: int
+    learner: str | None = None
+
+
+@_kind("snapshot_failed")
+class SnapshotFailed(Record):
+    error: str
+
+
+@_kind("disk_failed")
+class DiskFailed(Record):
+    error: str
+    path: str
+
+
+@_kind("disk_recovered")
+class DiskRecovered(Record):
+    paused_s: float
+
+
+@_kind("thread_died")
+class ThreadDied(Record):
+    thread: str
+    error: str
 
 
 # -- launcher -----------------------------------------------------------------------------

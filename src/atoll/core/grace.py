@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from atoll.errors import ConfigError
 
+SPAN = 4.0  # one sample moves an average by at most this factor (before the EMA's decay)
+
 
 @dataclass
 class EMA:
@@ -27,6 +29,13 @@ class EMA:
     def update(self, x: float) -> float:
         self.value = x if self.value is None else (1 - self.decay) * self.value + self.decay * x
         return self.value
+
+    def update_within(self, x: float, span: float) -> float:
+        """`update` with x first brought within [value/span, value*span]: one outlier (a
+        learner's bug, a clock that jumped) moves the average by a bounded factor."""
+        if self.value is not None and self.value > 0:
+            x = min(max(x, self.value / span), self.value * span)
+        return self.update(x)
 
 
 class GracePolicy:
@@ -43,6 +52,17 @@ class GracePolicy:
         self.step = EMA(ema)
         self.to_quorum = EMA(ema)
         self.sync = EMA(ema)
+
+    def observe_step(self, x: float) -> None:
+        """A learner's step time (bounded: SPAN times the current average at most)."""
+        self.step.update_within(x, SPAN)
+
+    def observe(self, ema: EMA, x: float) -> None:
+        """A duration of the round (to quorum, to deliver): at most SPAN * tau step times."""
+        step = self.step.value
+        if step is not None and step > 0:
+            x = min(x, SPAN * max(self.tau, 1) * step)
+        ema.update(max(x, 0.0))
 
     def slack(self) -> float:
         if self.step.value is None:

@@ -76,10 +76,12 @@ class Refusal(Enum):
     PAYLOAD = "payload"  # frame does not decode, wrong codec or size
     TOO_LARGE = "too_large"
     TRANSFER = "transfer"  # chunks, size or checksum of the transfer
+    MAGNITUDE = "magnitude"  # a delta far beyond what the run has seen (core/guard.py)
 
     @property
     def action(self) -> str:
-        return {Refusal.NOT_JOINED: "rejoin", Refusal.STALE_BASE: "heal"}.get(self, "")
+        heal = (Refusal.STALE_BASE, Refusal.MAGNITUDE)
+        return "rejoin" if self is Refusal.NOT_JOINED else "heal" if self in heal else ""
 
 
 @dataclass(frozen=True)

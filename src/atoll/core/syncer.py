@@ -35,11 +35,21 @@ from dataclasses import dataclass
 import torch
 
 from atoll.core import codec
-from atoll.core.checks import check_contribution
+from atoll.core.checks import STEP_TIME_MAX, check_contribution
 from atoll.core.counters import token_weight
-from atoll.core.events import Accepted, Event, Joined, Lost, Refused, RoundClosed, SeenCheck
+from atoll.core.events import (
+    Accepted,
+    Event,
+    Joined,
+    Lost,
+    MergeRefused,
+    Refused,
+    RoundClosed,
+    SeenCheck,
+)
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
+from atoll.core.guard import MagnitudeGuard
 from atoll.core.merge import MERGES, merge_fragment
 from atoll.core.messages import (
     Contribution,
@@ -59,6 +69,7 @@ from atoll.core.state import DurableState
 from atoll.errors import ConfigError
 
 PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that covers many steps
+SEEN_CLAIM_MAX = 1000  # versions a learner may claim to have seen beyond what was restored
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class SyncerConfig:
     history: int = 64  # public versions kept per fragment to resolve learners' base versions
     schedule: str = "pull"  # "pull": the syncer paces rounds; "push": learners' step counts
     codec: str = ""  # the learners' codec: contributions in another are refused ('' = any)
+    guard: float = 10.0  # magnitude guard factor (core/guard.py); 0 = off
 
     def validate(self) -> None:
         if self.merge not in MERGES:
@@ -92,6 +104,8 @@ class SyncerConfig:
             raise ConfigError("history", self.history, "an integer >= 2")
         if self.schedule not in ("pull", "push"):
             raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
+        if not (self.guard == 0 or 1 < self.guard < math.inf):
+            raise ConfigError("guard", self.guard, "0 (off) or a number > 1")
 
 
 @dataclass
@@ -126,6 +140,7 @@ class SyncerProtocol(DurableState):
         self.grace = GracePolicy(
             self.cfg.quorum, self.cfg.tau, self.cfg.grace_gamma, self.cfg.grace_ema, self.cfg.grace
         )
+        self.guard = MagnitudeGuard(plan.P, self.cfg.guard)
         self.live: set[str] = set()
         self.listening: set[str] = set()  # live learners whose pulls can reach them
         self.reported: dict[str, tuple[int, float]] = {}  # learner -> (steps, work_s) reported
@@ -155,9 +170,23 @@ class SyncerProtocol(DurableState):
         return all(v in self.history[p] for p, v in enumerate(r.base_versions))
 
     def _seen_check(self, now: float, learner: str, r: Resume) -> list:
-        """A learner that saw an earlier epoch: every version it saw must be here."""
+        """A learner that saw an earlier epoch: every version it saw must be here. A claim of
+        more than SEEN_CLAIM_MAX versions beyond what was restored is a learner's bug, not a
+        loss: it is reported and not counted."""
         if not r.other_epoch or len(r.latest_versions) != self.plan.P:
             return []
+        far = [
+            p
+            for p, v in enumerate(r.latest_versions)
+            if v > self.restored_versions[p] + SEEN_CLAIM_MAX
+        ]
+        if far:
+            p = far[0]
+            why = (
+                f"fragment {p}: claims version {r.latest_versions[p]}, restored "
+                f"{self.restored_versions[p]} (more than {SEEN_CLAIM_MAX} beyond is implausible)"
+            )
+            return [Event(now, "syncer", SeenCheck(learner, 0, why))]
         lost = 0
         for p, v in enumerate(r.latest_versions):
             if v > self.max_seen[p]:
@@ -216,19 +245,26 @@ class SyncerProtocol(DurableState):
         bad = check_contribution(
             c, self.plan, self.live, self._held(p), self._version_of(p), self.cfg.codec
         )
-        theta_m = None
+        theta_m, rate = None, 0.0
         if bad is None:
             try:
                 delta = codec.decode(c.payload, self.plan.fragments[p].numel)
-                theta_m = self.history[p][c.base_version] - delta
             except codec.CodecError as exc:
                 bad = Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
+            else:
+                base = self.history[p][c.base_version]
+                rate = self.guard.rate(p, delta, c.steps)
+                bad = self.guard.check(p, rate, base)
+                theta_m = base - delta
+                if bad is None and not bool(torch.isfinite(theta_m).all()):
+                    bad = Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
         if bad is not None:
             return [
                 Event(now, "syncer", Refused(c.learner, c.fragment, bad.reason, bad.code.value))
             ]
+        self.guard.accept(p, rate, c.steps)
         if c.step_time > 0:
-            self.grace.step.update(c.step_time)
+            self.grace.observe_step(c.step_time)
         weight = token_weight(c.tokens, c.steps) if self.cfg.weighting == "tokens" else 1.0
         self.pending[p][c.learner] = _Pending(
             theta_m, weight, c, self.version[p] - c.base_version, len(c.payload), now
@@ -259,10 +295,10 @@ class SyncerProtocol(DurableState):
         if prev is not None and k > 1 and work > prev[1]:
             mean = (work - prev[1]) / k
         self.reported[lid] = (msg.step, work)
-        if not mean > 0 or mean == float("inf"):
+        if not 0 < mean <= STEP_TIME_MAX:
             return []
         for _ in range(min(k, PROGRESS_STEPS_MAX)):
-            self.grace.step.update(mean)
+            self.grace.observe_step(mean)
         if self.cfg.schedule == "pull" and self.tick < 0:
             self.tick = 0
             return [SetTimer(now, ("pull", 0))]
@@ -299,7 +335,7 @@ class SyncerProtocol(DurableState):
         if self.quorum_at[p] is None:
             self.quorum_at[p] = now
             first = min(x.c.sent_at for x in pend.values())
-            self.grace.to_quorum.update(max(now - first, 0.0))
+            self.grace.observe(self.grace.to_quorum, now - first)
         everyone = self.live <= set(pend)
         window = self.grace.window()
         if everyone or window <= 0 or now >= self.quorum_at[p] + window:
@@ -314,20 +350,25 @@ class SyncerProtocol(DurableState):
         weights = [pend[i].weight for i in ids]
         merged = merge_fragment(deltas, weights, frag.is_embedding, self.cfg.merge)
         delta = torch.cat([m.reshape(-1) for m in merged])
-        self.theta[p] = self.outer.step(self.theta[p], delta, self.outer_state[p])
-        self.version[p] += 1
-        v = self.version[p]
+        outer_state = dataclasses.replace(self.outer_state[p])  # committed with the merge
+        theta = self.outer.step(self.theta[p], delta, outer_state)
+        v = self.version[p] + 1
         included = tuple((i, pend[i].c.seq) for i in ids)
-        if self.cfg.down_codec == "fp32":
-            self.public[p] = self.theta[p].clone()
-            frame = codec.encode(self.public[p], "fp32")
-            update = FragmentUpdate(p, v, "full", v - 1, frame, included, now)
-        else:
-            frame = codec.encode(
-                self.theta[p] - self.public[p], self.cfg.down_codec, self.cfg.group
-            )
-            self.public[p] = self.public[p] + codec.decode(frame)
-            update = FragmentUpdate(p, v, "delta", v - 1, frame, included, now)
+        try:
+            if not bool(torch.isfinite(theta).all()):
+                raise codec.CodecError("the merged value is not finite")
+            if self.cfg.down_codec == "fp32":
+                public = theta.clone()
+                frame = codec.encode(public, "fp32")
+                update = FragmentUpdate(p, v, "full", v - 1, frame, included, now)
+            else:
+                frame = codec.encode(theta - self.public[p], self.cfg.down_codec, self.cfg.group)
+                public = self.public[p] + codec.decode(frame)
+                update = FragmentUpdate(p, v, "delta", v - 1, frame, included, now)
+        except codec.CodecError as exc:  # never committed: the round is dropped
+            return self._drop(now, p, ids, str(exc))
+        self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state
+        self.version[p] = v
         self._remember(p)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
         event = RoundClosed(
@@ -345,12 +386,21 @@ class SyncerProtocol(DurableState):
         # expected to travel as fast as the contributions did (scaling by the size ratio would
         # also scale the latency, which dominates small fragments, and starve the window)
         uploads = [max(pend[i].arrived - pend[i].c.sent_at, 0.0) for i in ids]
-        self.grace.sync.update(max(uploads))
+        self.grace.observe(self.grace.sync, max(uploads))
+        self._reset_round(p)
+        self.rounds_closed += 1
+        return [Send(lid, update) for lid in sorted(self.live)] + [Event(now, "syncer", event)]
+
+    def _reset_round(self, p: int) -> None:
         self.pending[p] = {}
         self.quorum_at[p] = None
         self.round_id[p] += 1
-        self.rounds_closed += 1
-        return [Send(lid, update) for lid in sorted(self.live)] + [Event(now, "syncer", event)]
+
+    def _drop(self, now: float, p: int, ids: list[str], reason: str) -> list:
+        """A merge that would make fragment p non-finite (or not encodable): nothing of it
+        is committed; its contributions are dropped and the learners send again."""
+        self._reset_round(p)
+        return [Event(now, "syncer", MergeRefused(p, ids, reason))]
 
     # -- delivery ----------------------------------------------------------------------------
     def coalesce(self, old: FragmentUpdate, new: FragmentUpdate) -> FragmentUpdate:

@@ -222,8 +222,8 @@ class Launcher:
                     self._inject(chaos.pop(0), now)
                 self._supervise(now)
                 learners = [p for n, p in self.procs.items() if n != "syncer"]
-                if all(p.done for p in learners):
-                    break
+                if all(p.done for p in learners) and self._syncer_up():
+                    break  # (a syncer that is down is restarted first: it writes the result)
                 if now - start > self.lcfg.max_wall_s:
                     self._say(f"max_wall_s={self.lcfg.max_wall_s} reached, stopping")
                     self.events.emit("timeout", "launcher", max_wall_s=self.lcfg.max_wall_s)
@@ -243,6 +243,10 @@ class Launcher:
         summary = summarize(self.run_dir, self.scfg, self.lcfg, start, end)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
         return summary
+
+    def _syncer_up(self) -> bool:
+        p = self.procs["syncer"]
+        return p.popen is not None and p.popen.poll() is None
 
     def _inject(self, a: ChaosAction, now: float) -> None:
         proc = self.procs.get(a.target)

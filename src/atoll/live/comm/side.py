@@ -21,6 +21,7 @@ from atoll.live.learner.messages import (
     BeatDone,
     BeatOnce,
     Close,
+    CommFailed,
     CommOptions,
     Finishing,
     FromComm,
@@ -30,6 +31,7 @@ from atoll.live.learner.messages import (
     StepState,
     ToComm,
 )
+from atoll.threads import guarded
 
 
 class Comm:
@@ -39,7 +41,7 @@ class Comm:
         self.up = Uplink(self.link)
         self.control = Control(self.link)
         self._threads = [
-            threading.Thread(target=fn, name=f"atoll-{name}", daemon=True)
+            guarded(f"atoll-{name}", fn, self._died)
             for name, fn in (
                 ("down", self.down.run),
                 ("up", self.up.run),
@@ -47,6 +49,11 @@ class Comm:
                 ("ctl", self.control.run_pulls),
             )
         ]
+
+    def _died(self, name: str, exc: BaseException) -> None:
+        """A thread of ours raised: the training side is told (it raises `CommError`)."""
+        self.link.events.emit("thread_died", self.link.id, thread=name, error=repr(exc)[:500])
+        self.link.sink(CommFailed(f"communication thread {name} died: {exc!r}"[:1000]))
 
     def start(self) -> None:
         for t in self._threads:

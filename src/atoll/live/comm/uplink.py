@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from atoll.core.codec import CodecError
 from atoll.core.learner import supersede
 from atoll.core.messages import Contribution, Outgoing
 from atoll.live.learner.messages import PushRefused
@@ -146,7 +147,11 @@ class Uplink:
         enc, o = self.link.encoder, item.outgoing
         if enc is None or o.generation < self.link.queue.generation:
             return None
-        c = enc.encode(o)
+        try:
+            c = enc.encode(o)
+        except CodecError as exc:  # the learner's own values are broken (a diverged model)
+            self.link.sink(PushRefused(o.fragment, f"not sent: {exc}", "heal"))
+            return None
         return None if c is None else Pending(o, c)
 
     def run(self) -> None:

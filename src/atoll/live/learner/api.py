@@ -46,7 +46,7 @@ import torch
 from atoll.core.fragments import FlatFragments
 from atoll.core.learner import LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
-from atoll.errors import ConfigError
+from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
 from atoll.live.comm_mode import resolve_comm
 from atoll.live.learner.messages import (
@@ -333,8 +333,9 @@ class Learner:
                 self.events.emit("push_refused", self.id, fragment=fragment, reason=reason)
                 if action == "heal":
                     self.port.send(RequestHeal())
-            case CommFailed(reason):
+            case CommFailed(reason):  # nothing would reach the syncer again: stop loudly
                 self.events.emit("comm_fatal", self.id, reason=reason)
+                raise CommError(f"learner {self.id}: {reason}")
             case Welcomed() | BeatDone():
                 pass  # a rejoin's Welcome (the heal follows); a late answer to `beat_once`
 
@@ -342,21 +343,28 @@ class Learner:
         st = self._comm_status
         return st.received < self._submitted or st.queued > 0
 
-    def finish(self, timeout: float = 10.0) -> None:
-        """Send every fragment's remaining work once, wait (bounded) for it to be merged, close."""
+    def finish(self, timeout: float = 10.0, away_s: float = 60.0) -> None:
+        """Send every fragment's remaining work once, wait (bounded: `timeout` seconds once
+        connected) for it to be merged, close. A syncer that is away (restarting) is waited
+        for up to `away_s` seconds: the work trained meanwhile is merged when it is back."""
         proto = self.proto
         if proto is not None and proto.healed:
             self._drain()
             self._collect(proto.final_flush(time.time()))
             self._flush()
             self.port.send(Finishing())  # report the send queue after every send from now
-            until = time.time() + timeout
-            while time.time() < until and self._connected:
+            start = time.time()
+            until = start + timeout
+            while time.time() < until:
+                if not self._connected:  # away: the clock starts again once it is back
+                    if time.time() > start + away_s:
+                        break
+                    until = time.time() + timeout
                 item = self.port.get(0.02)
                 if item is not None:
                     self._handle(item)
                     self._drain()
-                if not self._queued() and proto.all_answered():
+                if self._connected and not self._queued() and proto.all_answered():
                     break
             self._drain()
             self._apply_due(time.time())

@@ -12,7 +12,7 @@ codec, size, base version) is the core's to check (atoll.core.checks).
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -60,14 +60,20 @@ class Handlers(pbg.SyncerServicer):
         rt = self.rt
         now = time.time()
         with rt.lock:
+            if hello.learner not in rt.sessions and len(rt.sessions) >= rt.opts.max_learners:
+                self._over_limit(context, "learners", rt.opts.max_learners, hello.learner)
             resume = convert.resume_from_hello(hello, rt.epoch)
+            if resume is not None and resume.other_epoch and hello.epoch not in rt.epochs():
+                # an epoch this syncer never had (another run, a bug): nothing to check it by
+                resume = dataclasses.replace(resume, other_epoch=False)
+            listening = rt.can_hear(hello.learner, hello.incarnation)
+            outs = rt.proto.on_join(now, hello.learner, resume, hello.incarnation, listening)
             old = rt.sessions.pop(hello.learner, None)
             if old is not None:
                 old.close()
             sess = Session(hello.learner, hello.incarnation, now)
             rt.sessions[hello.learner] = sess
-            listening = rt.can_hear(hello.learner, hello.incarnation)
-            outs = rt.proto.on_join(now, hello.learner, resume, hello.incarnation, listening)
+            rt.books.joined(hello.learner, hello.incarnation)
             msg = next(o.message for o in outs if isinstance(o, Send))
             heal = isinstance(msg, Heal)
             rt.process(now, [o for o in outs if not isinstance(o, Send)])
@@ -93,6 +99,14 @@ class Handlers(pbg.SyncerServicer):
                 yield pb.Down(notice=pb.Notice(kind=item[0], text=item[1]))
             else:
                 yield from self._frames(item)
+
+    def _over_limit(
+        self, context: grpc.ServicerContext, what: str, limit: int, learner: str
+    ) -> None:
+        self.rt.record("limit_reached", what=what, limit=limit, learner=learner[:100])
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, f"this syncer takes at most {limit} {what}"
+        )
 
     # -- Push ---------------------------------------------------------------------------------
     def _refuse(self, learner: str, fragment: int, code: Refusal, reason: str) -> pb.PushReply:
@@ -165,14 +179,11 @@ class Handlers(pbg.SyncerServicer):
         rt = self.rt
         now = time.time()
         with rt.lock:
-            key = f"{beat.learner}/{beat.incarnation}"
-            rt.acct["tokens"][key] = max(rt.acct["tokens"].get(key, 0), beat.tokens)
-            if math.isfinite(beat.work_s):
-                rt.acct["work_s"][key] = max(rt.acct["work_s"].get(key, 0.0), beat.work_s)
             sess = rt.sessions.get(beat.learner)
             known = sess is not None and sess.incarnation == beat.incarnation
-            if known:
+            if known:  # only a joined learner's counters count, and only within bounds
                 sess.last_seen = now
+                rt.books.beat(beat.learner, beat.incarnation, beat.step, beat.tokens, beat.work_s)
                 rt.process(now, rt.proto.on_progress(now, convert.progress_from_beat(beat, now)))
             stop = rt.stop_requested
             budget = rt.opts.token_budget
@@ -188,6 +199,8 @@ class Handlers(pbg.SyncerServicer):
         rt = self.rt
         ctl = Control(h.learner, h.incarnation)
         with rt.lock:
+            if h.learner not in rt.controls and len(rt.controls) >= rt.opts.max_learners:
+                self._over_limit(context, "Pulls streams", rt.opts.max_learners, h.learner)
             rt.listening(ctl, True)
         context.add_callback(ctl.close)
         yield pb.ControlDown()  # registered: the learner now reports its steps (a heartbeat)

@@ -1,10 +1,15 @@
 """What waits to go down to each learner: its broadcast updates (Join stream) and its pulls
 (Pulls stream). Only queues and wake-ups live here; which update replaces which is the core's
-decision (`SyncerProtocol.coalesce`)."""
+decision (`SyncerProtocol.coalesce`).
+
+Every queue is bounded, whatever the learner does (a slow reader, a stream never read):
+updates one per fragment (P), pulls one per fragment (a newer pull of a fragment replaces
+the older), notices MAX_NOTICES (the oldest dropped)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from atoll.core.messages import FragmentUpdate, Pull
 
 Coalesce = Callable[[FragmentUpdate, FragmentUpdate], FragmentUpdate]
+MAX_NOTICES = 16
 
 
 @dataclass
@@ -35,7 +41,8 @@ class Session:
 
     def put_notice(self, kind: str, text: str) -> None:
         with self.cond:
-            self.notices.append((kind, text))
+            self.notices.append((kind, text[:1000]))
+            del self.notices[:-MAX_NOTICES]
             self.cond.notify()
 
     def close(self) -> None:
@@ -61,12 +68,14 @@ class Control:
     learner: str
     incarnation: str
     cond: threading.Condition = field(default_factory=threading.Condition)
-    pulls: list[Pull] = field(default_factory=list)
+    pulls: dict[int, Pull] = field(default_factory=dict)  # fragment -> its newest pull
     closed: bool = False
+    opened: float = field(default_factory=time.time)
 
     def put(self, pull: Pull) -> None:
         with self.cond:
-            self.pulls.append(pull)
+            self.pulls.pop(pull.fragment, None)
+            self.pulls[pull.fragment] = pull
             self.cond.notify()
 
     def close(self) -> None:
@@ -78,5 +87,5 @@ class Control:
         with self.cond:
             if not (self.pulls or self.closed):
                 self.cond.wait(timeout)
-            out, self.pulls = self.pulls, []
+            out, self.pulls = list(self.pulls.values()), {}
             return out

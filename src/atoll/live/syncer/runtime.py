@@ -9,7 +9,9 @@ and into the accounting; timers into the heap; sends into the learners' outboxes
 
 from __future__ import annotations
 
+import copy
 import heapq
+import os
 import threading
 import time
 import uuid
@@ -24,8 +26,14 @@ from atoll.core.fragments import FragmentPlan
 from atoll.core.messages import FragmentUpdate, Pull, Send, SetTimer
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
+from atoll.live.syncer.books import Books, new_accounts
 from atoll.live.syncer.outbox import Control, Session
 from atoll.live.syncer.store import Restored, Tape, commit_record, restore, write_snapshot
+from atoll.threads import guarded
+
+
+def _exit(code: int) -> None:
+    os._exit(code)
 
 
 @dataclass
@@ -45,25 +53,11 @@ class SyncerOptions:
     tls_key: str | None = None
     max_fragment_bytes: int = 0  # 0: derived from the plan
     expect_learners: int = 0  # start_at is set once this many learners have joined
+    max_learners: int = 100  # live sessions (and Pulls streams) at most: 2 threads each
 
 
-def new_accounts() -> dict[str, Any]:
-    """The run's books (persisted with the tape and the snapshots)."""
-    return {
-        "start": time.time(),
-        "tokens": {},  # "learner/incarnation" -> tokens trained
-        "work_s": {},  # "learner/incarnation" -> step-seconds computed
-        "useful_s": 0.0,
-        "bytes_in": 0,
-        "bytes_out": 0,
-        "accepted": 0,
-        "refused": 0,
-        "broken_transfers": 0,
-        "auth_refused": 0,
-        "restarts": 0,
-        "lost_committed_rounds": 0,
-        "start_at": 0.0,
-    }
+EXIT_THREAD_DIED = 70  # a background thread raised (EX_SOFTWARE): restart from the tape
+EXIT_DISK = 75  # the tape could not be written (EX_TEMPFAIL): nothing unrecorded was sent
 
 
 class SyncerRuntime:
@@ -87,12 +81,15 @@ class SyncerRuntime:
         self._timer_cv = threading.Condition(self.lock)
         self.stopping = threading.Event()
         self.acct = new_accounts()
+        self.books = Books(self.acct)
         self.tape = Tape(opts.run_dir / "tape", fsync=opts.tape_fsync)
         self.snapshot_path = opts.run_dir / "snapshot.safetensors"
         self.restored = self._restore()
+        self.books.started(self.epoch)
         self._prev_snapshot_seq = self.restored.snapshot_seq
         self.tape.open_segment(self.tape.next_seq)
         self._threads: list[threading.Thread] = []
+        self.exit = _exit  # how a fatal error ends the process (tests replace it)
 
     # -- durability ---------------------------------------------------------------------------
     def _restore(self) -> Restored:
@@ -118,12 +115,30 @@ class SyncerRuntime:
         with self.lock:
             seq = self.tape.next_seq
             state = self.proto.state_dict(self.opts.snapshot_history)  # copies
-            extra = dict(self.acct)
-            self.tape.open_segment(seq)
+            extra = copy.deepcopy(self.acct)  # written outside the lock
+            self._tape_call(lambda: self.tape.open_segment(seq))
         write_snapshot(self.snapshot_path, state, seq, extra)
         self.tape.drop_before(self._prev_snapshot_seq)
         self._prev_snapshot_seq = seq
         self.events.emit("snapshot", "syncer", tape_next=seq, rounds=state["rounds_closed"])
+
+    def _tape_call(self, fn: Any) -> Any:
+        """A write to the tape; if the disk refuses it (full, read-only, out of descriptors)
+        the process ends at once (EXIT_DISK), under the lock: the round it would record is
+        never sent to anyone, and the supervisor restarts the syncer from what is on disk."""
+        try:
+            return fn()
+        except OSError as exc:
+            self.fatal("disk_failed", EXIT_DISK, error=str(exc), path=str(self.tape.folder))
+
+    def fatal(self, kind: str, code: int, **data: Any) -> None:
+        """Write the event (if the disk still takes it), say it on stderr, end the process."""
+        import sys
+
+        self.events.emit(kind, "syncer", **data)
+        print(f"atoll syncer: {kind} {data}; exiting with {code}", file=sys.stderr, flush=True)
+        self.exit(code)
+        raise SystemExit(code)  # `exit` does not return; if a test's does, nothing goes on
 
     # -- protocol outputs ---------------------------------------------------------------------
     def process(self, now: float, outputs: list) -> None:
@@ -131,7 +146,7 @@ class SyncerRuntime:
         for o in outputs:
             if isinstance(o, Event) and o.kind == "round_closed":
                 rec = commit_record(self.proto, self.tape.next_seq, o.data.fragment, self.acct)
-                self.tape.append(rec)
+                self._tape_call(lambda rec=rec: self.tape.append(rec))
         for o in outputs:
             if isinstance(o, Event):
                 self._account(o)
@@ -167,7 +182,7 @@ class SyncerRuntime:
         elif e.kind == "transfer_broken":
             a["broken_transfers"] += 1
         elif e.kind == "auth_refused":
-            a["auth_refused"] += 1
+            a["auth_refused"] += e.data.count or 1
         elif e.kind == "seen_check":
             a["lost_committed_rounds"] += e.data.lost_committed_rounds
 
@@ -205,7 +220,11 @@ class SyncerRuntime:
         return b > 0 and self.total_tokens() >= b
 
     def total_tokens(self) -> int:
-        return int(sum(self.acct["tokens"].values()))
+        return self.books.total_tokens()
+
+    def epochs(self) -> list[str]:
+        """The epochs of this run's syncer, this one included (newest last)."""
+        return self.books.epochs()
 
     # -- threads ------------------------------------------------------------------------------
     def _timer_loop(self) -> None:
@@ -224,25 +243,44 @@ class SyncerRuntime:
 
     def _reaper_loop(self) -> None:
         while not self.stopping.wait(0.25):
-            now = time.time()
-            with self.lock:
-                silent = [
-                    (lid, s)
-                    for lid, s in self.sessions.items()
-                    if now - s.last_seen > self.opts.lost_after_s
-                ]
-            for lid, s in silent:
-                self.lose(lid, s, f"silent for more than {self.opts.lost_after_s} s")
+            self.reap(time.time())
+
+    def reap(self, now: float) -> None:
+        """Drop learners silent for `lost_after_s`, and close Pulls streams that have had no
+        session of their incarnation for as long (they would hold a server thread)."""
+        after = self.opts.lost_after_s
+        with self.lock:
+            silent = [(lid, s) for lid, s in self.sessions.items() if now - s.last_seen > after]
+            orphans = [
+                c
+                for c in self.controls.values()
+                if now - c.opened > after and not self._has_session(c.learner, c.incarnation)
+            ]
+            self.books.bound(self.sessions)
+        for lid, s in silent:
+            self.lose(lid, s, f"silent for more than {after} s")
+        for c in orphans:
+            c.close()
+
+    def _has_session(self, learner: str, incarnation: str) -> bool:
+        s = self.sessions.get(learner)
+        return s is not None and s.incarnation == incarnation
 
     def _snapshot_loop(self) -> None:
         while not self.stopping.wait(self.opts.snapshot_every_s):
-            self.snapshot()
+            try:
+                self.snapshot()
+            except OSError as exc:  # a full disk, no descriptors left: try again next time
+                self.events.emit("snapshot_failed", "syncer", error=str(exc)[:500])
 
     def start_threads(self) -> None:
         for fn in (self._timer_loop, self._reaper_loop, self._snapshot_loop):
-            t = threading.Thread(target=fn, name=fn.__name__, daemon=True)
+            t = guarded(fn.__name__, fn, self._thread_died)
             t.start()
             self._threads.append(t)
+
+    def _thread_died(self, name: str, exc: BaseException) -> None:
+        self.fatal("thread_died", EXIT_THREAD_DIED, thread=name, error=repr(exc)[:500])
 
     def close_streams(self) -> None:
         self.stopping.set()

@@ -4,6 +4,8 @@ with the run's authentication (atoll.wire.auth) and optional TLS."""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,6 +30,10 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # a connection that never completes its handshake (a port scan, a stuck client) or
+    # holds no call for a minute is closed: idle sockets cannot use up the descriptors
+    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.max_connection_idle_ms", 60_000),
 ]
 WORKERS = 256  # each learner holds two long-lived streams (Join, Pulls): room for 120 learners
 
@@ -55,6 +61,8 @@ class SyncerService:
         self.auth = AuthInterceptor(opts.run_id, opts.secret, self._auth_refused)
         self.server: grpc.Server | None = None
         self.port = 0
+        self._auth_lock = threading.Lock()
+        self._auth_unwritten, self._auth_written_at = 0, -1.0
 
     @property
     def proto(self):  # the protocol, for tests and the final report (take `lock` to read)
@@ -65,9 +73,19 @@ class SyncerService:
         return self.runtime.lock
 
     def _auth_refused(self, method: str, reason: str) -> None:
-        self.runtime.record("auth_refused", method=method, reason=reason)
+        """Counted every time; written at most once a second (with the count since the last
+        one written), the method name cut to 100 characters: refused calls cannot fill the
+        disk."""
+        now = time.monotonic()
+        with self._auth_lock:
+            self._auth_unwritten += 1
+            if now - self._auth_written_at < 1.0:
+                return
+            count, self._auth_unwritten, self._auth_written_at = self._auth_unwritten, 0, now
+        self.runtime.record("auth_refused", method=method[:100], reason=reason, count=count)
 
     def start(self) -> int:
+        _raise_fd_limit()
         self.server = grpc.server(
             ThreadPoolExecutor(max_workers=WORKERS),
             interceptors=[self.auth],
@@ -94,6 +112,10 @@ class SyncerService:
         self.runtime.snapshot()
 
     def stop(self, final_dir: Path | None = None) -> None:
+        with self._auth_lock:
+            count, self._auth_unwritten = self._auth_unwritten, 0
+        if count:
+            self.runtime.record("auth_refused", method="", reason="(not written)", count=count)
         self.runtime.close_streams()
         if self.server is not None:
             self.server.stop(grace=1.0).wait(3.0)
@@ -104,3 +126,16 @@ class SyncerService:
         rt = self.runtime
         with rt.lock:
             return {**rt.acct, "rounds": rt.proto.rounds_closed, "versions": list(rt.proto.version)}
+
+
+def _raise_fd_limit() -> None:
+    """The soft limit on open descriptors up to the hard one (often 1,024 of 524,288):
+    every learner holds two connections, and the tape and snapshots need files too."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
