@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from atoll.chaos import Scenario
 from atoll.config import build, split_overrides
 from atoll.core import codec
 from atoll.core.fragments import make_plan
@@ -12,7 +13,6 @@ from atoll.core.messages import Contribution
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.errors import ConfigError
 from atoll.live.comm_mode import resolve_comm
-from atoll.live.launcher import parse_chaos
 from atoll.live.syncer.store import Tape, commit_record, read_records, restore, write_snapshot
 from atoll.wire.auth import load_secret
 from atoll.wire.chunks import Assembler, TransferError, crc32, split
@@ -83,18 +83,21 @@ def test_comm_mode_auto_takes_a_process_only_with_two_cores_per_learner():
 
 
 def test_chaos_spec():
-    acts = parse_chaos("stop:L2@30+2,kill:L1@20+3,kill:syncer@40", 3, 0, 100.0, 1.5)
-    assert [(a.at, a.action, a.target, a.duration) for a in acts] == [
+    def parse(spec, n, seed, horizon, delay):
+        return Scenario.from_spec(spec, delay).validate(n).timeline(n, horizon, seed)
+
+    acts = parse("stop:L2@30+2,kill:L1@20+3,kill:syncer@40", 3, 0, 100.0, 1.5)
+    assert [(a.at, a.kind, a.target, a.duration) for a in acts] == [
         (20.0, "kill", "L1", 3.0),
-        (30.0, "stop", "L2", 2.0),
-        (40.0, "kill", "syncer", 1.5),
+        (30.0, "stall", "L2", 2.0),
+        (40.0, "kill_syncer", "syncer", 1.5),
     ]
-    rnd = parse_chaos("random:4", 3, 7, 100.0, 2.0)
-    assert len(rnd) == 4 and rnd == parse_chaos("random:4", 3, 7, 100.0, 2.0)
+    rnd = parse("random:4", 3, 7, 100.0, 2.0)
+    assert len(rnd) == 4 and rnd == parse("random:4", 3, 7, 100.0, 2.0)
     assert all(10.0 <= a.at <= 70.0 and a.target in {"L0", "L1", "L2"} for a in rnd)
     for bad in ("kill:L9@1", "explode:L1@1", "kill:L1", "stop:syncer@3"):
         with pytest.raises(ConfigError):
-            parse_chaos(bad, 3, 0, 100.0, 1.0)
+            parse(bad, 3, 0, 100.0, 1.0)
 
 
 def _syncer(outer="nesterov"):

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from atoll.core import codec
+from atoll.core.admission import Admission
 from atoll.core.checks import STEP_TIME_MAX, check_contribution
 from atoll.core.counters import token_weight
 from atoll.core.events import (
@@ -45,7 +46,6 @@ from atoll.core.events import (
     MergeRefused,
     Refused,
     RoundClosed,
-    SeenCheck,
 )
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
@@ -69,7 +69,6 @@ from atoll.core.state import DurableState
 from atoll.errors import ConfigError
 
 PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that covers many steps
-SEEN_CLAIM_MAX = 1000  # versions a learner may claim to have seen beyond what was restored
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ class _Pending:
     arrived: float
 
 
-class SyncerProtocol(DurableState):
+class SyncerProtocol(Admission, DurableState):
     def __init__(
         self, plan: FragmentPlan, init: list[torch.Tensor], config: SyncerConfig | None = None
     ) -> None:
@@ -153,47 +152,6 @@ class SyncerProtocol(DurableState):
         self.max_seen = [-1] * plan.P  # newest versions learners of earlier epochs had seen
 
     # -- membership --------------------------------------------------------------------------
-    def _full(self, p: int, included: tuple = (), at: float = 0.0) -> FragmentUpdate:
-        v = self.version[p]
-        return FragmentUpdate(p, v, "full", v, codec.encode(self.public[p], "fp32"), included, at)
-
-    def heal_message(self) -> Heal:
-        return Heal(tuple(self._full(p) for p in range(self.plan.P)))
-
-    def can_resume(self, r: Resume | None) -> bool:
-        """A learner keeps its progress when every version it is based on is still held."""
-        P = self.plan.P
-        if r is None or not r.keep_progress:
-            return False
-        if len(r.base_versions) != P or len(r.latest_versions) != P:
-            return False
-        return all(v in self.history[p] for p, v in enumerate(r.base_versions))
-
-    def _seen_check(self, now: float, learner: str, r: Resume) -> list:
-        """A learner that saw an earlier epoch: every version it saw must be here. A claim of
-        more than SEEN_CLAIM_MAX versions beyond what was restored is a learner's bug, not a
-        loss: it is reported and not counted."""
-        if not r.other_epoch or len(r.latest_versions) != self.plan.P:
-            return []
-        far = [
-            p
-            for p, v in enumerate(r.latest_versions)
-            if v > self.restored_versions[p] + SEEN_CLAIM_MAX
-        ]
-        if far:
-            p = far[0]
-            why = (
-                f"fragment {p}: claims version {r.latest_versions[p]}, restored "
-                f"{self.restored_versions[p]} (more than {SEEN_CLAIM_MAX} beyond is implausible)"
-            )
-            return [Event(now, "syncer", SeenCheck(learner, 0, why))]
-        lost = 0
-        for p, v in enumerate(r.latest_versions):
-            if v > self.max_seen[p]:
-                lost += max(0, v - max(self.max_seen[p], self.restored_versions[p]))
-                self.max_seen[p] = v
-        return [Event(now, "syncer", SeenCheck(learner, lost))]
-
     def on_join(
         self,
         now: float,

@@ -1,17 +1,21 @@
 """`atoll run`: a syncer and N learner processes on this machine, a seeded chaos schedule, a
 supervisor that restarts killed processes, and the run's summary.
 
-Chaos spec (setting `chaos`), comma separated:
-    kill:L1@20+3      SIGKILL learner L1 at 20 s, restart it 3 s later
-    stop:L2@30+2      SIGSTOP learner L2 at 30 s, SIGCONT 2 s later
-    kill:syncer@40+2  SIGKILL the syncer at 40 s, restart it (from its tape) 2 s later
-    random:3          3 learner kills at seeded random times in [10%, 70%] of `max_wall_s`...
-                      (drawn from `chaos_seed`; downtime `restart_delay_s`)
-Times are seconds after training started (every learner has joined: the syncer's `start_at`),
-so that a schedule means the same on a slow machine, where processes take longer to start;
-learners that never all join get no chaos. A process that dies unexpectedly is restarted after
-`restart_delay_s` too. Ctrl+C (or SIGTERM) stops every child; children also get SIGTERM if the
-launcher itself dies (PR_SET_PDEATHSIG), so no process is left behind.
+Chaos (setting `chaos`): a scenario of atoll.chaos, the language the virtual-time driver
+speaks too: a .toml/.json file, or the compact spec ("kill:L1@20+3,stop:L2@30+2,
+kill:syncer@40+2,random:3"). Each fault, live:
+    kill         SIGKILL the learner; restarted `duration` later (it heals and rejoins)
+    stall        SIGSTOP, SIGCONT `duration` later
+    cut, slow    its link carries nothing / uploads at base/factor for `duration` (the
+                 built-in shaper, atoll.live.comm.faults; base: shape_mbps, else bandwidth_mbps)
+    add          the learner starts at `at` (the run starts without it)
+    remove       SIGTERM the learner at `at`, for good
+    kill_syncer  SIGKILL the syncer; restarted (from its tape) `duration` later
+Times are seconds after training started (every learner present at the start has joined: the
+syncer's `start_at`), so that a scenario means the same on a slow machine, where processes take
+longer to start; learners that never all join get no chaos. A process that dies unexpectedly
+is restarted after `restart_delay_s` too. Ctrl+C (or SIGTERM) stops every child; children also
+get SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process is left behind.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import random
 import secrets
 import signal
 import socket
@@ -31,49 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atoll import chaos
 from atoll.config import LiveConfig, SimConfig, to_args
-from atoll.errors import ConfigError
 from atoll.eventlog import EventLog, read_events
+from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
-
-
-@dataclass(frozen=True)
-class ChaosAction:
-    at: float
-    action: str  # "kill" | "stop"
-    target: str  # learner id or "syncer"
-    duration: float
-
-
-def parse_chaos(spec: str, learners: int, seed: int, horizon: float, delay: float) -> list:
-    out: list[ChaosAction] = []
-    ids = {f"L{i}" for i in range(learners)} | {"syncer"}
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if item.startswith("random:"):
-            try:
-                n = int(item.split(":", 1)[1])
-            except ValueError:
-                raise ConfigError("chaos", item, "random:<count>") from None
-            rng = random.Random(f"{seed}-chaos")
-            for _ in range(n):
-                at = rng.uniform(0.1, 0.7) * horizon
-                out.append(ChaosAction(at, "kill", f"L{rng.randrange(learners)}", delay))
-            continue
-        try:
-            action, rest = item.split(":", 1)
-            target, rest = rest.split("@", 1)
-            at_s, dur_s = rest.split("+", 1) if "+" in rest else (rest, str(delay))
-            act = ChaosAction(float(at_s), action, target, float(dur_s))
-        except ValueError:
-            raise ConfigError(
-                "chaos", item, "kill:L1@20+3, stop:L2@30+2, kill:syncer@40+2"
-            ) from None
-        if act.action not in ("kill", "stop") or act.target not in ids:
-            raise ConfigError("chaos", item, f"kill|stop of one of {sorted(ids)}")
-        if act.action == "stop" and act.target == "syncer":
-            raise ConfigError("chaos", item, "kill:syncer (stopping the syncer is not supported)")
-        out.append(act)
-    return sorted(out, key=lambda a: a.at)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -120,13 +85,11 @@ class Launcher:
         self.secret_path = secret_path
         self.port = self.lcfg.port or free_port(self.lcfg.host)
         self.address = f"{self.lcfg.host}:{self.port}"
-        self.chaos = parse_chaos(
-            self.lcfg.chaos,
-            self.scfg.learners,
-            self.lcfg.chaos_seed,
-            self.lcfg.max_wall_s,
-            self.lcfg.restart_delay_s,
-        )
+        n = self.scfg.learners
+        scenario = chaos.load(self.lcfg.chaos, self.lcfg.restart_delay_s).validate(n)
+        self.chaos = scenario.timeline(n, self.lcfg.max_wall_s, self.lcfg.chaos_seed)
+        self.late = scenario.late_learners()  # started when their `add` comes
+        (self.run_dir / "faults").mkdir(exist_ok=True)
 
     def _say(self, text: str) -> None:
         if not self.quiet:
@@ -140,7 +103,8 @@ class Launcher:
         base = [sys.executable, "-m", "atoll.cli", kind, *settings]
         auth = ["--run-id", self.run_id, "--secret-file", str(self.secret_path)]
         if kind == "syncer":
-            return [*base, *auth, "--run-dir", str(self.run_dir)]
+            expect = str(self.scfg.learners - len(self.late))
+            return [*base, *auth, "--run-dir", str(self.run_dir), "--expect", expect]
         return [
             *base,
             *auth,
@@ -154,6 +118,8 @@ class Launcher:
             str(self.run_dir / "events.jsonl"),
             "--corpus",
             str(self.run_dir / "corpus.bin"),
+            "--faults",
+            str(self.run_dir / "faults" / f"L{index}.json"),
         ]
 
     def _spawn(self, proc: _Proc, restart: bool = False) -> None:
@@ -209,7 +175,8 @@ class Launcher:
         for i in range(self.scfg.learners):
             p = _Proc(f"L{i}", self._argv("learner", i))
             self.procs[p.name] = p
-            self._spawn(p)
+            if p.name not in self.late:
+                self._spawn(p)
         chaos = list(self.chaos)
         interrupted = False
         try:
@@ -248,21 +215,40 @@ class Launcher:
         p = self.procs["syncer"]
         return p.popen is not None and p.popen.poll() is None
 
-    def _inject(self, a: ChaosAction, now: float) -> None:
-        proc = self.procs.get(a.target)
-        if proc is None or proc.popen is None or proc.done or proc.popen.poll() is not None:
+    def _inject(self, f: chaos.Fault, now: float) -> None:
+        target = "syncer" if f.kind == "kill_syncer" else f.target
+        proc = self.procs.get(target)
+        if proc is None:
             return
-        if a.action == "kill":
+        if f.kind == "add":
+            if proc.popen is None:
+                self._spawn(proc)
+        elif proc.popen is None or proc.done or proc.popen.poll() is not None:
+            return  # not running now (killed, finished): the fault finds nothing to act on
+        elif f.kind in ("kill", "kill_syncer"):
             proc.popen.send_signal(signal.SIGKILL)
             proc.popen.wait()
-            proc.down_until = now + a.duration
-        else:
+            proc.down_until = now + f.duration
+        elif f.kind == "stall":
             proc.popen.send_signal(signal.SIGSTOP)
-            proc.stopped_until = now + a.duration
-        self.events.emit(
-            "chaos", "launcher", action=a.action, process=a.target, duration_s=a.duration
-        )
-        self._say(f"chaos: {a.action} {a.target} for {a.duration:.1f} s")
+            proc.stopped_until = now + f.duration
+        elif f.kind == "remove":
+            proc.done = True  # for good: not restarted
+            proc.popen.send_signal(signal.SIGTERM)
+        else:  # cut, slow: the learner's communication side reads its fault file
+            path = self.run_dir / "faults" / f"{target}.json"
+            if f.kind == "cut":
+                write_fault(path, cut_until=time.time() + f.duration)
+            else:
+                base = self.lcfg.shape_factors(self.scfg.learners)[int(target[1:])]
+                write_fault(
+                    path,
+                    slow_until=time.time() + f.duration,
+                    factor=f.factor,
+                    base_mbps=base or self.scfg.bandwidth_mbps,
+                )
+        self.events.emit("chaos", "launcher", action=f.kind, process=target, duration_s=f.duration)
+        self._say(f"chaos: {f.kind} {target} for {f.duration:.1f} s")
 
     def _supervise(self, now: float) -> None:
         for proc in self.procs.values():

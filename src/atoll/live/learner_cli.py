@@ -18,6 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=Path, help="append events to this events.jsonl")
     p.add_argument("--tls-ca", help="PEM root certificate to check the syncer's TLS certificate")
     p.add_argument("--corpus", type=Path, help="the corpus bytes, cached by the launcher")
+    p.add_argument("--faults", type=Path, help="chaos: the link-fault file the launcher writes")
     p.add_argument(
         "--max-steps", type=int, default=0, help="stop after this many local steps (0: budget)"
     )
@@ -76,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
         # this process is ours alone: with comm threads, a 0.2 ms GIL switch interval bounds
         # the training thread's wait after each torch op (the library's opt-in, docs/live.md)
         switch_interval_s=2e-4,
+        faults_file=str(args.faults) if args.faults else None,
     )
     start = time.time()
     if lcfg.start_barrier and args.restart == 0:

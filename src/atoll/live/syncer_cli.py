@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--embeddings", default="", help="with --init: comma-separated embedding tensor names"
     )
     p.add_argument("--no-budget", action="store_true", help="run until stopped (no token budget)")
+    p.add_argument(
+        "--expect", type=int, default=-1, help="learners that start together (default: learners)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -58,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
         token_budget=0 if args.no_budget else scfg.token_budget(),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
-        expect_learners=scfg.learners,
+        expect_learners=scfg.learners if args.expect < 0 else args.expect,
     )
     events = EventLog(run_dir / "events.jsonl")
     # `schedule` (pull by default, push as an option) reaches the learners in the Welcome

@@ -72,6 +72,8 @@ class Control:
             st = link.state
             if st is None or (link.o.parent_pid and process_stopped(link.o.parent_pid)):
                 continue  # a stopped training process is not alive, whatever this side does
+            if link.faults.cut():
+                continue  # chaos: the link carries nothing
             try:
                 reply = link.control_stub.Heartbeat(
                     self.beat(st),
@@ -111,6 +113,7 @@ class Control:
                     if backoff > 0:  # the first message: the syncer registered the stream
                         backoff = 0.0
                         link.beat_now.set()  # report our steps now: it can pull us
+                    link.faults.wait_while_cut(link.closing)
                     now = time.time()
                     for pull in convert.pulls_from_message(msg):
                         link.sink(PullReceived(pull, now))

@@ -59,6 +59,7 @@ class Downlink:
                 link.join_call = call
             try:
                 for msg in self.reassemble(call):
+                    link.faults.wait_while_cut(link.closing)
                     backoff = 0.2
                     if isinstance(msg, UpdateReceived):  # the training thread gets a tensor
                         msg = UpdateReceived(msg.update, self.decode(msg.update))

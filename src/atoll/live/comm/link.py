@@ -11,6 +11,7 @@ from typing import Any
 
 from atoll.core.codec import ContributionEncoder
 from atoll.eventlog import EventLog
+from atoll.live.comm.faults import LinkFaults
 from atoll.live.comm.uplink import SendQueue
 from atoll.live.learner.messages import CommOptions, CommStatus, FromComm, StepState
 from atoll.wire import atoll_pb2_grpc as pbg
@@ -27,6 +28,7 @@ class Link:
         self.metadata = call_metadata(opts.run_id, opts.secret)
         self.events = EventLog(opts.events_path)
         self.queue = SendQueue()
+        self.faults = LinkFaults(opts.faults_path)
         # the session, from the newest Welcome
         self.encoder: ContributionEncoder | None = None  # made at the first Welcome
         self.epoch = ""

@@ -180,9 +180,12 @@ class Uplink:
             return
         c = item.encoded
         assert c is not None
+        link.faults.wait_while_cut(link.closing)
+        slow = link.faults.slow_bps()
+        bucket = TokenBucket(slow) if slow > 0 else self.bucket
         timeout = 30.0 + len(c.payload) / 1e5
         try:
-            if len(c.payload) <= link.chunk_bytes and self.bucket is None:
+            if len(c.payload) <= link.chunk_bytes and bucket is None:
                 reply = link.bulk_stub.PushOne(
                     pb.Single(header=self._header(c), payload=c.payload),
                     metadata=link.metadata,
@@ -190,7 +193,7 @@ class Uplink:
                 )
             else:
                 reply = link.bulk_stub.Push(
-                    self._frames(c), metadata=link.metadata, timeout=timeout
+                    self._frames(c, bucket), metadata=link.metadata, timeout=timeout
                 )
         except grpc.RpcError as exc:
             link.events.emit("push_failed", link.id, fragment=c.fragment, error=str(exc.code()))
@@ -208,9 +211,9 @@ class Uplink:
     def _header(self, c: Contribution) -> pb.ContributionHeader:
         return convert.contribution_header(c, self.link.o.incarnation)
 
-    def _frames(self, c: Contribution) -> Iterator[pb.Up]:
+    def _frames(self, c: Contribution, bucket: TokenBucket | None) -> Iterator[pb.Up]:
         yield pb.Up(header=self._header(c))
         for chunk in split(c.payload, self.link.chunk_bytes):
-            if self.bucket is not None:
-                self.bucket.take(len(chunk))
+            if bucket is not None:
+                bucket.take(len(chunk))
             yield pb.Up(chunk=chunk)

@@ -98,6 +98,7 @@ class Learner:
         events: EventLog | str | None = None,
         comm: str = "auto",
         switch_interval_s: float | None = None,
+        faults_file: str | None = None,
     ) -> None:
         """Join the syncer at `syncer` ("host:port") and block until healed from it.
 
@@ -155,6 +156,7 @@ class Learner:
             shape_mbps=shape_mbps,
             heartbeat_s=heartbeat_s,
             events_path=str(self.events.path) if self.events.path else None,
+            faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
         )
         self.port: ThreadPort | ProcessPort | ClosedPort = (
             ProcessPort(opts, sum(t.numel() for t in self.params.values()), len(self.params))

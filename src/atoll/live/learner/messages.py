@@ -46,6 +46,7 @@ class CommOptions:
     events_path: str | None = None
     nice: int = 10  # child process only: added niceness (measured: fewer preemptions)
     parent_pid: int = 0  # child process only: the training process (no beats while stopped)
+    faults_path: str | None = None  # chaos: link faults written by the launcher (comm/faults)
 
 
 # -- down: training -> communication ---------------------------------------------------------

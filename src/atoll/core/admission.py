@@ -1,0 +1,72 @@
+"""Who may keep their progress when they (re)join the syncer, and the check that nothing a
+learner of an earlier epoch saw was lost (mixed into SyncerProtocol; `on_join` uses these).
+
+A learner that reconnects asks to resume: it keeps its local progress when every version it is
+based on is still held, and heals (every fragment in full) otherwise. A learner that saw an
+earlier incarnation of the syncer (`other_epoch`) reports the newest versions it saw; any
+beyond what the restore brought back are committed rounds lost (`seen_check` events). A claim
+of more than SEEN_CLAIM_MAX versions beyond is a learner's bug, reported and not counted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from atoll.core import codec
+from atoll.core.events import Event, SeenCheck
+from atoll.core.messages import FragmentUpdate, Heal, Resume
+
+SEEN_CLAIM_MAX = 1000  # versions a learner may claim to have seen beyond what was restored
+
+
+class Admission:
+    plan: Any
+    version: list[int]
+    public: list[torch.Tensor]
+    history: list[OrderedDict[int, torch.Tensor]]
+    restored_versions: list[int]
+    max_seen: list[int]
+
+    def _full(self, p: int, included: tuple = (), at: float = 0.0) -> FragmentUpdate:
+        v = self.version[p]
+        return FragmentUpdate(p, v, "full", v, codec.encode(self.public[p], "fp32"), included, at)
+
+    def heal_message(self) -> Heal:
+        return Heal(tuple(self._full(p) for p in range(self.plan.P)))
+
+    def can_resume(self, r: Resume | None) -> bool:
+        """A learner keeps its progress when every version it is based on is still held."""
+        P = self.plan.P
+        if r is None or not r.keep_progress:
+            return False
+        if len(r.base_versions) != P or len(r.latest_versions) != P:
+            return False
+        return all(v in self.history[p] for p, v in enumerate(r.base_versions))
+
+    def _seen_check(self, now: float, learner: str, r: Resume) -> list:
+        """A learner that saw an earlier epoch: every version it saw must be here. A claim of
+        more than SEEN_CLAIM_MAX versions beyond what was restored is a learner's bug, not a
+        loss: it is reported and not counted."""
+        if not r.other_epoch or len(r.latest_versions) != self.plan.P:
+            return []
+        far = [
+            p
+            for p, v in enumerate(r.latest_versions)
+            if v > self.restored_versions[p] + SEEN_CLAIM_MAX
+        ]
+        if far:
+            p = far[0]
+            why = (
+                f"fragment {p}: claims version {r.latest_versions[p]}, restored "
+                f"{self.restored_versions[p]} (more than {SEEN_CLAIM_MAX} beyond is implausible)"
+            )
+            return [Event(now, "syncer", SeenCheck(learner, 0, why))]
+        lost = 0
+        for p, v in enumerate(r.latest_versions):
+            if v > self.max_seen[p]:
+                lost += max(0, v - max(self.max_seen[p], self.restored_versions[p]))
+                self.max_seen[p] = v
+        return [Event(now, "syncer", SeenCheck(learner, lost))]

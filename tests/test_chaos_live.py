@@ -1,0 +1,128 @@
+"""Chaos through `atoll run` (real processes, gRPC on loopback, tiny models): a scenario of
+atoll.chaos with every kind of fault, and a syncer that is down when the learners finish."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from atoll.eventlog import read_events
+
+TINY = [
+    "n_layer=1", "d_model=16", "n_head=2", "context=16", "batch=4", "P=4", "H=4",
+    "data_bytes=200000", "eval_batches=2", "lost_after_s=2.0", "snapshot_every_s=2",
+    "restart_delay_s=0.5",
+]  # fmt: skip
+
+
+def _run(out, extra, timeout=240):
+    sets = []
+    for kv in [*TINY, *extra]:
+        sets += ["--set", kv]
+    cmd = [sys.executable, "-m", "atoll.cli", "run", "--out", str(out), "--quiet", *sets]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    events = read_events(out / "events.jsonl")
+    quiet = ("accepted", "round_closed", "applied", "step")
+    story = [(round(e["t"] - events[0]["t"], 2), e["kind"], e["source"], e["data"])
+             for e in events if e["kind"] not in quiet]  # fmt: skip
+    return json.loads((out / "summary.json").read_text()), events, story
+
+
+def test_9_and_12_a_syncer_down_when_the_learners_finish_is_brought_back(tmp_path):
+    """The syncer is killed 2 s into training and stays down 8 s; the learners reach their
+    share meanwhile. Before: they exited with their work unmerged and the launcher exited 0
+    without restarting the syncer (tokens 0, eval NaN, no final model). Now they wait for
+    it, it is restarted from its tape, their work is merged and the result written."""
+    out = tmp_path / "run"
+    s, events, story = _run(
+        out, ["learners=2", "steps=120", "pace_s=0.02", "chaos=kill:syncer@2+8"]
+    )
+    assert (out / "final.safetensors").exists(), story
+    assert s["syncer_restarts"] == 1 and s["lost_committed_rounds"] == 0, story
+    assert s["tokens"] >= s["token_budget"] and math.isfinite(s["eval_loss"]), s
+    back = next(e["t"] for e in events if e["kind"] == "restored")
+    for lid in ("L0", "L1"):  # what each trained while the syncer was away got merged
+        assert any(
+            e["kind"] == "accepted" and e["data"]["learner"] == lid and e["t"] > back
+            for e in events
+        ), story
+
+
+SCENARIO = """
+[[fault]]
+kind = "add"
+target = "L4"
+at = 3.0
+
+[[fault]]
+kind = "kill"
+target = "L1"
+at = 5.0
+duration = 2.0
+
+[[fault]]
+kind = "stall"
+target = "L2"
+at = 9.0
+duration = 3.0
+
+[[fault]]
+kind = "cut"
+target = "L0"
+at = 13.0
+duration = 4.0
+
+[[fault]]
+kind = "slow"
+target = "L3"
+at = 14.0
+duration = 4.0
+factor = 4.0
+
+[[fault]]
+kind = "kill_syncer"
+target = "syncer"
+at = 19.0
+duration = 2.0
+
+[[fault]]
+kind = "remove"
+target = "L3"
+at = 24.0
+"""
+
+
+def test_a_scenario_of_every_fault_kind_runs_live_and_nothing_is_lost(tmp_path):
+    """The 1-minute version of the soak (benchmarks/soak.py): one fault of each kind."""
+    scenario = tmp_path / "chaos.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "run"
+    s, events, story = _run(
+        out,
+        ["learners=5", "steps=300", "pace_s=0.05", f"chaos={scenario}", "eval=false"],
+        timeout=300,
+    )
+    chaos = [(e["data"]["action"], e["data"]["process"]) for e in events if e["kind"] == "chaos"]
+    assert len(chaos) == 7, story
+    assert s["lost_committed_rounds"] == 0 and s["syncer_restarts"] == 1, story
+    assert len(s["rejoin_times_s"]) == 1, story  # the killed L1 trained again
+
+    def accepted_after(lid, t):
+        return any(
+            e["kind"] == "accepted" and e["data"]["learner"] == lid and e["t"] > t for e in events
+        )
+
+    t0 = next(e["t"] for e in events if e["kind"] == "chaos")  # 3 s into training
+    at = {a: t0 - 3.0 + x for a, x in (("stall", 12.0), ("cut", 17.0), ("syncer", 21.0))}
+    assert accepted_after("L4", t0), story  # added late, trained and merged
+    assert accepted_after("L2", at["stall"]) and accepted_after("L0", at["cut"]), story
+    for lid in ("L0", "L1", "L2", "L4"):  # everyone left after the syncer came back
+        assert accepted_after(lid, at["syncer"]), (lid, story)
+    removed = next(
+        e["t"] for e in events if e["kind"] == "chaos" and e["data"]["action"] == "remove"
+    )
+    assert not accepted_after("L3", removed + 2.0), story
+    assert (out / "final.safetensors").exists()
