@@ -381,3 +381,24 @@ def test_10_a_learner_whose_communication_process_dies_stops_loudly(live):
             time.sleep(0.01)
     learner.close()
     assert any(e["kind"] == "comm_fatal" for e in read_events(events))
+
+
+# -- load: reconnect storms, sessions that never listen ------------------------------------------
+def test_a_storm_of_rejoins_encodes_each_heal_frame_once():
+    s = core()
+    first = s.heal_message()
+    again = s.heal_message()
+    assert all(a.payload is b.payload for a, b in zip(first.updates, again.updates))
+
+
+def test_a_session_that_never_listens_does_not_hold_rounds_open():
+    """Pull schedule, quorum 1 with a grace window: a round closes once every learner that
+    can hear pulls has sent; before, a joined session without a Pulls stream (a client
+    that rejoins in a loop) kept every round open for the whole window."""
+    s = core(quorum=1, grace=True)
+    s.on_join(0.0, "storm", listening=False)
+    s.grace.step.value, s.grace.to_quorum.value, s.grace.sync.value = 1.0, 0.0, 0.0
+    out = s.on_contribution(1.0, contribution(s, "L0"))
+    assert not kinds(out, "round_closed")  # L1 listens: the window waits for it
+    out = s.on_contribution(1.1, contribution(s, "L1"))
+    assert len(kinds(out, "round_closed")) == 1  # not waiting for "storm"

@@ -29,10 +29,17 @@ class Admission:
     history: list[OrderedDict[int, torch.Tensor]]
     restored_versions: list[int]
     max_seen: list[int]
+    full_frames: dict[int, tuple[torch.Tensor, bytes]]  # fragment -> (public value, frame)
 
     def _full(self, p: int, included: tuple = (), at: float = 0.0) -> FragmentUpdate:
-        v = self.version[p]
-        return FragmentUpdate(p, v, "full", v, codec.encode(self.public[p], "fp32"), included, at)
+        """Fragment p's public value in full; its frame is encoded once per value (a storm
+        of rejoins costs no re-encoding under the driver's lock). The protocol never changes
+        a tensor in place, it replaces it: the tensor's identity keys the cache."""
+        v, value = self.version[p], self.public[p]
+        hit = self.full_frames.get(p)
+        if hit is None or hit[0] is not value:
+            hit = self.full_frames[p] = (value, codec.encode(value, "fp32"))
+        return FragmentUpdate(p, v, "full", v, hit[1], included, at)
 
     def heal_message(self) -> Heal:
         return Heal(tuple(self._full(p) for p in range(self.plan.P)))

@@ -150,6 +150,7 @@ class SyncerProtocol(Admission, DurableState):
         self.tick = -1  # pull clock: -1 until the first step time is measured
         self.restored_versions = [0] * plan.P  # versions when this process started
         self.max_seen = [-1] * plan.P  # newest versions learners of earlier epochs had seen
+        self.full_frames: dict[int, tuple[torch.Tensor, bytes]] = {}  # heals: encoded once
 
     # -- membership --------------------------------------------------------------------------
     def on_join(
@@ -294,7 +295,10 @@ class SyncerProtocol(Admission, DurableState):
             self.quorum_at[p] = now
             first = min(x.c.sent_at for x in pend.values())
             self.grace.observe(self.grace.to_quorum, now - first)
-        everyone = self.live <= set(pend)
+        # every learner that could have sent has: with the pull schedule those that can hear
+        # pulls (a session that never listens, or cannot now, is not waited for)
+        waited = self.listening if self.cfg.schedule == "pull" else self.live
+        everyone = waited <= set(pend)
         window = self.grace.window()
         if everyone or window <= 0 or now >= self.quorum_at[p] + window:
             return self._close(now, p)
