@@ -164,10 +164,9 @@ def test_11_error_feedback_survives_a_fragment_that_stops_changing():
 @pytest.fixture
 def live(tmp_path):
     plan, init = builtin_plan(CFG)
-    opts = SyncerOptions(
-        tmp_path, RUN, SECRET, lost_after_s=1.0, snapshot_every_s=0.2, token_budget=10_000,
-        max_learners=6,
-    )  # fmt: skip
+    kw = dict(lost_after_s=1.0, snapshot_every_s=0.2, token_budget=10_000, max_learners=6)
+    known = SyncerOptions.__dataclass_fields__  # (the same test runs against older code)
+    opts = SyncerOptions(tmp_path, RUN, SECRET, **{k: v for k, v in kw.items() if k in known})
     service = SyncerService(plan, init, CFG.syncer_config(), CFG.learner_config(), opts)
     died: list[int] = []
 
