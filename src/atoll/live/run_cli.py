@@ -66,9 +66,11 @@ def print_summary(s: dict) -> None:
         f"bytes up/down    {s['bytes_up'] / 1e6:.1f} MB / {s['bytes_down'] / 1e6:.1f} MB"
         f"   (data-parallel: {s['dp_bytes'] / 1e6:.0f} MB)",
         f"rounds           {s['rounds']}   participants/round {s['participants_mean']:.2f}",
-        f"failures         {s['failures']} learner kills, {s['syncer_kills']} syncer kills; "
+        f"faults           {s['failures']} on learners, {s['syncer_kills']} syncer kills; "
         f"rejoin times {s['rejoin_times_s']} s; lost committed rounds "
         f"{s['lost_committed_rounds']}",
+        f"crashes          {s['crashes']} processes died on their own, "
+        f"{s['threads_died']} threads died (each: restarted; see events.jsonl)",
         f"results          {s['run_dir']}/summary.json, events.jsonl",
     ]
     print("\n".join(lines), flush=True)

@@ -35,9 +35,13 @@ def summarize(
     final_path = run_dir / "syncer_final.json"
     acct = json.loads(final_path.read_text()) if final_path.exists() else {}
     tokens = int(sum(acct.get("tokens", {}).values()))
+    # the training window: the first step to the last contribution the syncer took (what
+    # follows - learners closing, the final snapshot and model, processes exiting - is the
+    # run's teardown, not time any learner could have trained in)
     training = [e.t for e in events if e.kind == "training"]
     train_start = min(training) if training else start
-    window = max(end - train_start, 1e-9)
+    accepted = [e.t for e in events if e.kind == "accepted"]
+    window = max((max(accepted) if accepted else end) - train_start, 1e-9)
     M = scfg.learners
     stats = metrics.run_stats(events, M, window)
     plan, _ = builtin_plan(scfg)
@@ -63,6 +67,10 @@ def summarize(
         "failures": sum(1 for c in chaos if c.process != "syncer"),
         "syncer_kills": sum(1 for c in chaos if c.process == "syncer"),
         "rejoin_times_s": rejoins,
+        # processes that died on their own (a learner whose communication side or a thread
+        # died exits non-zero: counted here and restarted), and the threads that died
+        "crashes": sum(1 for e in events if e.kind == "crashed"),
+        "threads_died": sum(1 for e in events if e.kind == "thread_died"),
         "lost_committed_rounds": int(acct.get("lost_committed_rounds", 0)),
         "refused": int(acct.get("refused", 0)),
         "auth_refused": int(acct.get("auth_refused", 0)),
