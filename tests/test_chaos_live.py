@@ -126,3 +126,91 @@ def test_a_scenario_of_every_fault_kind_runs_live_and_nothing_is_lost(tmp_path):
     )
     assert not accepted_after("L3", removed + 2.0), story
     assert (out / "final.safetensors").exists()
+
+
+def _syncer(run_dir, fsize=None, port=0):
+    import os
+    import resource
+    import signal
+
+    def limit():
+        if fsize:  # a disk that fills up: writes past `fsize` bytes fail (EFBIG)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    sets = []
+    for kv in [*TINY, "learners=1", "steps=100000", "snapshot_every_s=600", f"port={port}"]:
+        sets += ["--set", kv]
+    (run_dir / "syncer.addr").unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir),
+         "--run-id", "disk", *sets],  # fmt: skip
+        env={**os.environ, "ATOLL_SECRET": "disk-secret-0123"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit,
+    )  # fmt: skip
+    return proc
+
+
+def test_a_full_disk_stops_the_syncer_before_it_sends_an_unrecorded_round(tmp_path):
+    """The tape's disk fills up mid-run: the syncer exits 75 with `disk_failed`, having sent
+    no round it could not record; restarted on a disk with room, it restores, the learner
+    resumes, and no committed round is lost (the learner saw nothing the tape lacks)."""
+    import time
+
+    import torch
+
+    from atoll.config import SimConfig
+    from atoll.live.client import wait_ready
+    from atoll.live.learner import Learner
+    from atoll.model.recipe import new_model
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = _syncer(run_dir, fsize=150_000)
+    until = time.time() + 30
+    while not (run_dir / "syncer.addr").exists() and time.time() < until:
+        time.sleep(0.05)
+    addr = (run_dir / "syncer.addr").read_text()
+    wait_ready(addr, "disk", "disk-secret-0123", 20)
+    cfg = SimConfig(n_layer=1, d_model=16, n_head=2, context=16, batch=4, P=4, H=4)
+    model = new_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    learner = Learner(
+        model, opt, addr, learner_id="L0", run_id="disk", secret="disk-secret-0123",
+        comm="thread", events=str(run_dir / "events.jsonl"),
+    )  # fmt: skip
+    x = torch.randint(0, 256, (4, 16))
+
+    def train(n):
+        for _ in range(n):
+            model(x, x).backward()
+            opt.step()
+            opt.zero_grad()
+            learner.step(tokens=64)
+            time.sleep(0.01)
+
+    until = time.time() + 60
+    while proc.poll() is None and time.time() < until:
+        train(10)
+    out = proc.stdout.read().decode()
+    assert proc.returncode == 75, out[-2000:]
+    assert "disk_failed" in out
+    proc = _syncer(run_dir, port=int(addr.rsplit(":", 1)[1]))  # the disk has room again
+    until = time.time() + 30
+    while not (run_dir / "syncer.addr").exists() and time.time() < until:
+        train(2)
+    resumed_at = time.time()
+    until = time.time() + 30
+    seen = []
+    while not seen and time.time() < until:
+        train(10)
+        seen = [
+            e for e in read_events(run_dir / "events.jsonl")
+            if e["kind"] == "seen_check" and e["t"] > resumed_at - 1
+        ]  # fmt: skip
+    learner.finish(timeout=5)
+    proc.send_signal(__import__("signal").SIGTERM)
+    proc.wait(30)
+    final = json.loads((run_dir / "syncer_final.json").read_text())
+    assert seen and seen[0]["data"]["lost_committed_rounds"] == 0, seen
+    assert final["lost_committed_rounds"] == 0 and final["restarts"] == 1

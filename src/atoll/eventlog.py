@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,8 @@ class EventLog:
         self.path = Path(path) if path else None
         self._fd: int | None = None
         self._lock = threading.Lock()
+        self.dropped = 0  # lines the disk refused
+        self._warned_at = -1e9
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -33,11 +36,22 @@ class EventLog:
         self.write(Event.make(time.time(), kind, source, **data))
 
     def write(self, event: Event) -> None:
+        """Append one line. A disk that refuses it (full, read-only) costs the line, counted
+        in `dropped` and said on stderr (at most every 10 s), never the caller: the tape, not
+        the log, decides whether the syncer may go on (atoll.live.syncer.runtime)."""
         if self._fd is None:
             return
         line = json.dumps(event.to_dict(), default=_default, sort_keys=True) + "\n"
         with self._lock:
-            os.write(self._fd, line.encode())
+            try:
+                os.write(self._fd, line.encode())
+            except OSError as exc:
+                self.dropped += 1
+                now = time.monotonic()
+                if now - self._warned_at >= 10.0:
+                    self._warned_at = now
+                    print(f"atoll: {self.path}: {exc}; {self.dropped} events not written",
+                          file=sys.stderr, flush=True)  # fmt: skip
 
     def close(self) -> None:
         if self._fd is not None:
