@@ -86,7 +86,8 @@ class Launcher:
         self.port = self.lcfg.port or free_port(self.lcfg.host)
         self.address = f"{self.lcfg.host}:{self.port}"
         n = self.scfg.learners
-        scenario = chaos.load(self.lcfg.chaos, self.lcfg.restart_delay_s).validate(n)
+        spec = self.lcfg.chaos or self.scfg.scenario  # one scenario key drives both drivers
+        scenario = chaos.load(spec, self.lcfg.restart_delay_s).validate(n)
         self.chaos = scenario.timeline(n, self.lcfg.max_wall_s, self.lcfg.chaos_seed)
         self.late = scenario.late_learners()  # started when their `add` comes
         (self.run_dir / "faults").mkdir(exist_ok=True)
@@ -223,18 +224,20 @@ class Launcher:
         if f.kind == "add":
             if proc.popen is None:
                 self._spawn(proc)
+        elif f.kind == "remove":  # for good, abruptly (as the virtual-time driver has it)
+            proc.done, proc.down_until, proc.stopped_until = True, None, None
+            if proc.popen is not None and proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGKILL)
+                proc.popen.wait()
         elif proc.popen is None or proc.done or proc.popen.poll() is not None:
             return  # not running now (killed, finished): the fault finds nothing to act on
         elif f.kind in ("kill", "kill_syncer"):
             proc.popen.send_signal(signal.SIGKILL)
             proc.popen.wait()
-            proc.down_until = now + f.duration
+            proc.down_until, proc.stopped_until = now + f.duration, None
         elif f.kind == "stall":
             proc.popen.send_signal(signal.SIGSTOP)
             proc.stopped_until = now + f.duration
-        elif f.kind == "remove":
-            proc.done = True  # for good: not restarted
-            proc.popen.send_signal(signal.SIGTERM)
         else:  # cut, slow: the learner's communication side reads its fault file
             path = self.run_dir / "faults" / f"{target}.json"
             if f.kind == "cut":

@@ -1,4 +1,5 @@
-"""Baselines in the same virtual-time world (same data, init, step times, failures, links).
+"""Baselines in the same virtual-time world (same data, init, step times, failures, links;
+a chaos scenario's kill, stall and cut of a worker count as its failures).
 
 data_parallel: one model; each step every worker computes on its own batch (the global batch
     is their concatenation), then a ring all-reduce of all fp32 gradients runs at the link
@@ -31,14 +32,39 @@ from atoll.sim.world import (
     dp_equivalent_bytes,
     ring_allreduce_bytes,
     ring_allreduce_time,
+    timeline,
 )
 
 
+class _WithOutages:
+    """A worker's failure schedule with the chaos scenario's outages of it merged in."""
+
+    def __init__(self, sched: FailureSchedule, outages: list[tuple[float, float]]) -> None:
+        self.sched, self.outages = sched, sorted(outages)
+        self.head = sched.next()
+
+    def next(self) -> tuple[float, float] | None:
+        if self.outages and (self.head is None or self.outages[0][0] < self.head[0]):
+            return self.outages.pop(0)
+        out = self.head
+        if out is not None:
+            self.head = self.sched.next()
+        return out
+
+
 class _Failures:
-    """The union of all workers' failure schedules, as (fail_at, back_at) windows."""
+    """The union of all workers' failure schedules, as (fail_at, back_at) windows. A chaos
+    scenario's kill, stall and cut of a worker stop it (and so everyone) the same way; its
+    slow, add, remove and kill_syncer faults have no counterpart here and are not applied."""
 
     def __init__(self, cfg: SimConfig) -> None:
-        self.scheds = [FailureSchedule(cfg, i) for i in range(cfg.learners)]
+        self.scheds: list = [FailureSchedule(cfg, i) for i in range(cfg.learners)]
+        for f in timeline(cfg):
+            if f.kind in ("kill", "stall", "cut"):
+                i = int(f.target[1:])
+                if not isinstance(self.scheds[i], _WithOutages):
+                    self.scheds[i] = _WithOutages(self.scheds[i], [])
+                self.scheds[i].outages.append((f.at, f.end))
         self.next = [s.next() for s in self.scheds]
         self.count = 0
 

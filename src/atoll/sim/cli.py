@@ -19,6 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()).replace("%", "%%"),
     )
     add_set_argument(p, "change a setting of every run (see README for the keys)")
+    p.add_argument(
+        "--scenario",
+        metavar="PATH",
+        help="a chaos scenario (.toml, see atoll.chaos; or a spec such as kill:L1@20+3) "
+        "applied in virtual time: the same as --set scenario=PATH",
+    )
     p.add_argument("--json", type=Path, help="write the results JSON here")
     p.add_argument(
         "--out",
@@ -37,6 +43,8 @@ def main(args: argparse.Namespace) -> int:
 
     preset = get_preset(args.preset)
     overrides = parse_overrides(args.overrides)
+    if args.scenario:
+        overrides["scenario"] = args.scenario
     plan_runs(preset, overrides)  # bad settings stop here, before any compute
     seed = overrides.get("seed", 0)
     out = args.out or Path("runs") / f"sim-{preset.name}-s{seed}"

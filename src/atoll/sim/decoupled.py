@@ -10,6 +10,8 @@ steps, injects failures and keeps the books. Event kinds:
     timer     a syncer timer fires (grace window end)
     fail      a learner dies: unsent and in-flight work is lost, links are cut
     recover   a learner restarts, joins, and heals from the syncer's current fragments
+    fault     a fault of the run's chaos scenario begins (atoll.sim.faults)
+    syncer_up the syncer restarts after a `kill_syncer` fault
 
 Goodput = (learner time spent on steps whose work reached the syncer) / (M * wall time).
 Each step's time is split evenly over the P fragments (the learner protocol keeps these books);
@@ -30,7 +32,7 @@ import torch
 from atoll import metrics
 from atoll.config import SimConfig
 from atoll.core.codec import ContributionEncoder
-from atoll.core.events import Blocked, Event, Failed, Rejoined, Sent
+from atoll.core.events import Blocked, Event, Failed, Reconnected, Rejoined, Sent
 from atoll.core.fragments import make_plan
 from atoll.core.learner import LearnerProtocol
 from atoll.core.messages import (
@@ -41,6 +43,7 @@ from atoll.core.messages import (
     Outgoing,
     Progress,
     Pull,
+    Resumed,
     Send,
     SetTimer,
 )
@@ -48,6 +51,7 @@ from atoll.core.syncer import SyncerProtocol
 from atoll.model.data import ByteCorpus
 from atoll.model.recipe import load_corpus, new_model
 from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
+from atoll.sim.faults import FINISHED, FaultInjection
 from atoll.sim.world import (
     EvalPoints,
     FailureSchedule,
@@ -55,6 +59,7 @@ from atoll.sim.world import (
     ProgressFn,
     RunResult,
     StepClock,
+    Windows,
     dp_equivalent_bytes,
 )
 
@@ -71,7 +76,7 @@ class _Learner:
     failures: FailureSchedule
     up: Link
     down: Link
-    state: str = "joining"  # joining | running | waiting | down | done
+    state: str = "joining"  # joining | running | waiting | down | done | absent | gone
     incarnation: int = 0
     local_steps: int = 0
     wait_since: float = 0.0
@@ -79,6 +84,10 @@ class _Learner:
     next_failure: tuple[float, float] | None = None
     encoder: ContributionEncoder | None = None
     inflight: dict[int, float] = field(default_factory=dict)  # seq -> step-seconds
+    step_at: float = 0.0  # when the step in progress ends (its own time: step_dt)
+    step_dt: float = 0.0
+    stalls: Windows | None = None  # chaos: when its process is stopped
+    net: Windows | None = None  # chaos: when its link is cut or slowed (= up/down.outages)
 
 
 def _nbytes(msg: object) -> int:
@@ -86,10 +95,12 @@ def _nbytes(msg: object) -> int:
         return msg.nbytes
     if isinstance(msg, FragmentUpdate):
         return len(msg.payload)
+    if isinstance(msg, Resumed):
+        return sum(len(u.payload) for u in msg.updates)
     return CONTROL_BYTES
 
 
-class DecoupledSim:
+class DecoupledSim(FaultInjection):
     def __init__(
         self,
         cfg: SimConfig,
@@ -146,6 +157,7 @@ class DecoupledSim:
         self.heal_bytes = 0
         self.curve: list[dict[str, float]] = []
         self.eval_points = EvalPoints(self.budget, cfg.eval_points)
+        self.init_faults()
 
     # -- plumbing -----------------------------------------------------------------------------
     def _push(self, t: float, kind: str, *args) -> None:
@@ -155,8 +167,9 @@ class DecoupledSim:
         for o in outputs:
             if isinstance(o, Event):
                 self.events.append(o)
+                self.track_output(o)
             elif isinstance(o, SetTimer):
-                self._push(o.at, "timer", o.key)
+                self._push(o.at, "timer", o.key, self.syncer_epoch)
             elif isinstance(o, Send):
                 lr = self.by_id[o.to]
                 if lr.state == "down":
@@ -164,12 +177,15 @@ class DecoupledSim:
                 nbytes = _nbytes(o.message)
                 if isinstance(o.message, Heal):
                     self.heal_bytes += nbytes
-                self._push(lr.down.transfer(now, nbytes), "down", lr.id, lr.incarnation, o.message)
+                self.track_output(o)
+                at = lr.down.transfer(now, nbytes)
+                self._push(at, "down", lr.id, lr.incarnation, o.message, self.syncer_epoch)
 
     def _start_step(self, now: float, lr: _Learner) -> None:
         lr.state = "running"
         dt = lr.clock.draw()
-        self._push(now + dt, "step", lr.id, lr.incarnation, dt)
+        lr.step_at, lr.step_dt = lr.stalls.advance(now, dt) if lr.stalls else now + dt, dt
+        self._push(lr.step_at, "step", lr.id, lr.incarnation, dt)
 
     def _boundary(self, now: float, lr: _Learner) -> None:
         """Between two steps: apply due fragments, then step again, wait, or stop."""
@@ -206,6 +222,7 @@ class DecoupledSim:
         if c is None:  # encoded after a heal that made it obsolete: not sent
             return
         lr.inflight[c.seq] = c.work_s
+        self.last_sent[(lr.id, c.fragment)] = c.seq
         sent = Sent(c.fragment, c.seq, c.base_version, len(c.payload), c.steps, c.tokens)
         self.events.append(Event(now, lr.id, sent))
         self._push(lr.up.transfer(now, len(c.payload)), "up", lr.id, lr.incarnation, c)
@@ -230,13 +247,20 @@ class DecoupledSim:
         self._boundary(now, lr)
 
     def _on_up(self, now: float, lr: _Learner, c: Contribution | Progress) -> None:
+        if self.syncer_down:
+            self.hold(lr, c)
+            return
         if isinstance(c, Progress):
             self._syncer_outputs(now, self.syncer.on_progress(now, c))
             return
         lr.inflight.pop(c.seq, None)
         self._syncer_outputs(now, self.syncer.on_contribution(now, c))
 
-    def _on_down(self, now: float, lr: _Learner, msg: object) -> None:
+    def _on_down(self, now: float, lr: _Learner, msg: object, epoch: int) -> None:
+        if isinstance(msg, Heal) and epoch != self.syncer_epoch:
+            return  # from a syncer that has since died: the restarted one heals it again
+        if isinstance(msg, FragmentUpdate | Resumed) and not lr.proto.healed:
+            return  # an update of a dead syncer overtook the heal of the new one
         if isinstance(msg, Heal):
             self.events += lr.proto.on_heal(now, msg)
             if lr.incarnation > 0:
@@ -253,8 +277,13 @@ class DecoupledSim:
                 for s in lr.proto.take_pulled(now):
                     self._send_up(now, lr, s.message)
             return
-        assert isinstance(msg, FragmentUpdate)
-        self.events += lr.proto.on_update(now, msg)
+        if isinstance(msg, Resumed):  # the syncer restarted: it kept our base versions
+            for u in msg.updates:
+                self.events += lr.proto.on_update(now, u)
+            self.events.append(Event(now, lr.id, Reconnected(False, str(epoch))))
+        else:
+            assert isinstance(msg, FragmentUpdate)
+            self.events += lr.proto.on_update(now, msg)
         if lr.state == "waiting" and not lr.proto.blocked():
             self._end_wait(now, lr)
             self._boundary(now, lr)
@@ -278,7 +307,9 @@ class DecoupledSim:
         lr.up.reset(now)
         lr.down.reset(now)
         self.events.append(Event(now, lr.id, Failed(lost)))
-        self._syncer_outputs(now, self.syncer.on_lost(now, lr.id))
+        self.process_died(now, lr)
+        if not self.syncer_down:
+            self._syncer_outputs(now, self.syncer.on_lost(now, lr.id))
         self._push(now + downtime, "recover", lr.id, lr.incarnation)
 
     def _on_recover(self, now: float, lr: _Learner) -> None:
@@ -289,7 +320,8 @@ class DecoupledSim:
         )
         lr.encoder = self._encoder()
         lr.state = "joining"
-        self._syncer_outputs(now, self.syncer.on_join(now, lr.id))
+        if not self.syncer_down:  # else it joins when the syncer is back
+            self._syncer_outputs(now, self.syncer.on_join(now, lr.id))
 
     def _maybe_eval(self, now: float) -> None:
         due = self.eval_points.due(self.tokens)
@@ -302,13 +334,19 @@ class DecoupledSim:
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
         for lr in self.learners:
-            self._syncer_outputs(0.0, self.syncer.on_join(0.0, lr.id))
+            if lr.state != "absent":  # (added late by the scenario)
+                self._syncer_outputs(0.0, self.syncer.on_join(0.0, lr.id))
+        self.schedule_faults()
         while self.queue:
             now, _, kind, args = heapq.heappop(self.queue)
             if kind == "timer":
-                if args[0][0] == "pull" and all(lr.state == "done" for lr in self.learners):
+                if args[0][0] == "pull" and all(lr.state in FINISHED for lr in self.learners):
                     continue  # the run is over: let the syncer's pull clock stop
-                self._syncer_outputs(now, self.syncer.on_timer(now, args[0]))
+                if args[1] == self.syncer_epoch and not self.syncer_down:
+                    self._syncer_outputs(now, self.syncer.on_timer(now, args[0]))
+                continue
+            if kind in ("fault", "syncer_up"):
+                self.on_fault_event(now, kind, args)
                 continue
             lr = self.by_id[args[0]]
             if kind == "recover":
@@ -317,12 +355,15 @@ class DecoupledSim:
                 continue
             if args[1] != lr.incarnation:
                 continue  # addressed to (or sent by) a process that has since died
+            if kind in ("up", "down") and lr.net and self.deferred(now, lr, kind, args):
+                continue  # its link is cut: it arrives when the link is back
             if kind == "step":
-                self._on_step(now, lr, args[2])
+                if now == lr.step_at:  # else a stall moved this step's end
+                    self._on_step(now, lr, args[2])
             elif kind == "up":
                 self._on_up(now, lr, args[2])
             elif kind == "down":
-                self._on_down(now, lr, args[2])
+                self._on_down(now, lr, args[2], args[3])
             elif kind == "fail":
                 self._on_fail(now, lr, args[2])
         return self._result()

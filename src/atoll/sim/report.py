@@ -41,6 +41,15 @@ def print_table(result: dict) -> None:
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])
     Console().print(table)
+    for r in result["runs"]:
+        if "chaos" in r:
+            c = r["chaos"]
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(c["applied"].items())) or "none"
+            print(
+                f"{r['name']}: scenario {c['scenario']}: {sum(c['applied'].values())} of "
+                f"{c['faults']} faults applied ({kinds}), {c['skipped']} skipped; goodput "
+                f"{100 * r['goodput']:.1f}%, {r['failures']} failures, {r['down_s']:.0f} s down"
+            )
 
 
 def plot(result: dict, path: Path) -> Path:

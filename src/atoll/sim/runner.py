@@ -33,6 +33,8 @@ def run_one(
         return run_sync_diloco(cfg, name, progress, corpus=corpus)
     sim = DecoupledSim(cfg, name, progress, corpus=corpus)
     result = sim.run()
+    if cfg.scenario:  # what the chaos scenario did (not a RunResult field: runs without one
+        result.chaos = sim.chaos_summary()  # keep their JSON as it was)
     if events_path is not None:
         events_path.parent.mkdir(parents=True, exist_ok=True)
         write_events(events_path, sim.events)
@@ -80,7 +82,10 @@ def run_preset(
             for k, v in dataclasses.asdict(cfg).items()
             if v != getattr(SimConfig(), k) or k == "method"
         }
-        out_runs.append(dataclasses.asdict(result))
+        out = dataclasses.asdict(result)
+        if getattr(result, "chaos", None):
+            out["chaos"] = result.chaos
+        out_runs.append(out)
     return {
         "preset": preset.name,
         "seed": runs[0][1].seed,

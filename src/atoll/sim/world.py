@@ -4,10 +4,12 @@ training recipe are atoll.model.recipe / atoll.model.train.)"""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from atoll.chaos import Fault, Scenario, load
 from atoll.config import SimConfig
 
 
@@ -45,21 +47,76 @@ class FailureSchedule:
         return fail, fail + down
 
 
+class Windows:
+    """Time windows [start, end) in which something runs at a fraction `rate` of its speed
+    (0: not at all): a learner's stalls (its steps), its link's cuts and slowdowns (chaos).
+    Where windows overlap, the slowest rate holds. Each window has a tag (the fault kind)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, float, float, str]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def add(self, start: float, end: float, rate: float, tag: str) -> None:
+        self.items.append((start, end, rate, tag))
+
+    def end_early(self, now: float, tag: str) -> None:
+        """Windows of `tag` stop at `now` (a stalled process that is killed)."""
+        kept = []
+        for s, e, r, t in self.items:
+            if t == tag and s >= now:
+                continue
+            kept.append((s, min(e, now) if t == tag else e, r, t))
+        self.items = kept
+
+    def rate_at(self, t: float) -> float:
+        return min((r for s, e, r, _ in self.items if s <= t < e), default=1.0)
+
+    def advance(self, t: float, work: float) -> float:
+        """When `work` seconds (at full speed) begun at `t` are done."""
+        while True:
+            nxt = min((x for s, e, _, _ in self.items for x in (s, e) if x > t), default=math.inf)
+            rate = self.rate_at(t)
+            if rate > 0 and t + work / rate <= nxt:
+                return t + work / rate
+            work = max(work - (nxt - t) * rate, 0.0)
+            t = nxt
+
+    def open_at(self, t: float) -> float:
+        """The first time >= t outside every window of rate 0."""
+        while True:
+            ends = [e for s, e, r, _ in self.items if r == 0 and s <= t < e]
+            if not ends:
+                return t
+            t = max(ends)
+
+
 @dataclass
 class Link:
-    """One direction of a learner's link: FIFO, `bandwidth` bits/s, fixed latency."""
+    """One direction of a learner's link: FIFO, `bandwidth` bits/s, fixed latency; `outages`
+    (chaos): windows where it is cut (rate 0) or slowed, shared by both directions."""
 
     bandwidth_bps: float
     latency_s: float
     busy_until: float = 0.0
     bytes_sent: int = 0
+    outages: Windows | None = None
 
     def transfer(self, now: float, nbytes: int) -> float:
         """Queue `nbytes` at `now`; returns the arrival time."""
         start = max(now, self.busy_until)
+        if self.outages:
+            self.busy_until = self.outages.advance(start, 8.0 * nbytes / self.bandwidth_bps)
+            self.bytes_sent += nbytes
+            return self.outages.open_at(self.busy_until + self.latency_s)
         self.busy_until = start + 8.0 * nbytes / self.bandwidth_bps
         self.bytes_sent += nbytes
         return self.busy_until + self.latency_s
+
+    def open_at(self, t: float) -> float:
+        """When a message due at `t` can arrive: after any cut it falls in."""
+        return self.outages.open_at(t) if self.outages else t
 
     def reset(self, now: float) -> None:
         """The endpoint died: whatever was queued is dropped."""
@@ -129,3 +186,23 @@ class RunResult:
 
 
 ProgressFn = Callable[[int, int], None]
+
+
+def scenario_of(cfg: SimConfig) -> Scenario | None:
+    """The run's chaos scenario (setting `scenario`), checked; None without one."""
+    if not cfg.scenario:
+        return None
+    return load(cfg.scenario, cfg.downtime_s).validate(cfg.learners)
+
+
+def horizon_s(cfg: SimConfig, scenario: Scenario) -> float:
+    """The horizon of random faults: the scenario's own, else 1.5 x the nominal training time
+    (steps x step_time_s x the slowest speed factor), so that rates still apply when faults
+    make the run longer."""
+    return scenario.horizon_s or 1.5 * cfg.steps * cfg.step_time_s * max(cfg.speed_factors())
+
+
+def timeline(cfg: SimConfig) -> list[Fault]:
+    """The run's faults, in virtual seconds (random ones drawn from `seed`)."""
+    sc = scenario_of(cfg)
+    return [] if sc is None else sc.timeline(cfg.learners, horizon_s(cfg, sc), cfg.seed)
