@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SETTINGS = ["learners=4", "speeds=1,1,1,1.4", "quorum=1", "grace=true", "schedule=pull"]
-STEPS_PER_MIN = 330  # steps per learner per minute of the demo model on 2 shared cores
+STEPS_PER_MIN = 460  # steps per learner per minute of the demo model on this 2-core machine
 
 
 def scenario(minutes: float) -> str:
@@ -93,7 +93,7 @@ def live(out: Path, steps: int, chaos: str, minutes: float) -> dict:
 
 # the prediction's model: goodput depends on step times, faults and links, not on the model's
 # values, so a tiny one keeps the virtual-time run short
-SIM_MODEL = ["n_layer=1", "d_model=16", "n_head=2", "eval_points=2"]
+SIM_MODEL = ["n_layer=2", "d_model=16", "n_head=2", "eval_points=2"]
 
 
 def base_step_time(clean: dict) -> float:
@@ -124,14 +124,20 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--out", type=Path, default=Path("/tmp/atoll-soak"))
     ap.add_argument("--no-sim", action="store_true")
+    ap.add_argument("--steps", type=int, default=0, help="steps per learner (default: minutes)")
+    ap.add_argument("--clean", type=Path, help="a fault-free run of the same steps to reuse")
     args = ap.parse_args()
-    steps = int(STEPS_PER_MIN * args.minutes)
+    steps = args.steps or int(STEPS_PER_MIN * args.minutes)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%H%M%S")
     scen = args.out / f"soak-{stamp}.toml"
     scen.write_text(scenario(args.minutes))
     chaos = live(args.out / f"chaos-{stamp}", steps, str(scen), args.minutes)
-    clean = live(args.out / f"clean-{stamp}", steps, "", args.minutes)
+    if args.clean:  # measured before, side by side on this machine
+        clean = json.loads((args.clean / "summary.json").read_text())
+        clean.setdefault("wall_s", clean["wall_time_s"])
+    else:
+        clean = live(args.out / f"clean-{stamp}", steps, "", args.minutes)
     rejoin = chaos["rejoin_times_s"]
     ev = [json.loads(x) for x in (args.out / f"chaos-{stamp}" / "events.jsonl").open()]
     acts = [e["data"]["action"] for e in ev if e["kind"] == "chaos"]

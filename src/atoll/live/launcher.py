@@ -64,6 +64,8 @@ class _Proc:
     done: bool = False
     down_until: float | None = None  # restart at this time
     stopped_until: float | None = None  # SIGCONT at this time
+    spare: subprocess.Popen | None = None  # a warm spare (learners), waiting on `spare_go`
+    spare_go: Path | None = None
 
 
 @dataclass
@@ -123,20 +125,38 @@ class Launcher:
             str(self.run_dir / "faults" / f"L{index}.json"),
         ]
 
+    def _popen(self, name: str, argv: list[str]) -> subprocess.Popen:
+        with open(self.run_dir / f"{name}.log", "ab") as log:
+            return subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def _spawn_spare(self, proc: _Proc) -> None:
+        """A learner process that imports everything and waits for `spare_go` (the restart
+        count): a restart then costs no interpreter and torch start-up."""
+        proc.spare_go = self.run_dir / "spares" / f"{proc.name}-{proc.restarts + 1}"
+        proc.spare_go.parent.mkdir(exist_ok=True)
+        argv = [*self._argv("learner", int(proc.name[1:])), "--standby", str(proc.spare_go)]
+        proc.spare = self._popen(proc.name, argv)
+
     def _spawn(self, proc: _Proc, restart: bool = False) -> None:
+        spare = proc.spare
         if restart:
             proc.restarts += 1
             if proc.name != "syncer":
                 proc.argv = self._argv("learner", int(proc.name[1:]), proc.restarts)
-        log = open(self.run_dir / f"{proc.name}.log", "ab")
-        proc.popen = subprocess.Popen(
-            proc.argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        log.close()
+        if restart and spare is not None and spare.poll() is None and proc.spare_go:
+            tmp = proc.spare_go.with_suffix(".tmp")
+            tmp.write_text(str(proc.restarts))
+            tmp.replace(proc.spare_go)  # the spare goes on, as restart `restarts`
+            proc.popen, proc.spare = spare, None
+            self._spawn_spare(proc)
+        else:
+            proc.popen = self._popen(proc.name, proc.argv)
         proc.down_until = None
         self.events.emit(
             "restarted" if restart else "started", "launcher", process=proc.name, pid=proc.popen.pid
@@ -180,12 +200,19 @@ class Launcher:
                 self._spawn(p)
         chaos = list(self.chaos)
         interrupted = False
+        spares = False  # warm spares, for a scenario that kills learners
+        want_spares = self.lcfg.warm_spares and any(f.kind == "kill" for f in chaos)
         try:
             while True:
                 now = time.time()
                 if t0 is None and chaos and now - asked >= 0.2:
                     asked = now
                     t0 = self._training_started()
+                if t0 is not None and want_spares and not spares:
+                    spares = True  # once training started: the start is not slowed by them
+                    for p in self.procs.values():
+                        if p.name != "syncer":
+                            self._spawn_spare(p)
                 while chaos and t0 is not None and now - t0 >= chaos[0].at:
                     self._inject(chaos.pop(0), now)
                 self._supervise(now)
@@ -276,6 +303,10 @@ class Launcher:
                     self._wait_syncer()
 
     def _shutdown(self) -> None:
+        for p in self.procs.values():
+            if p.spare is not None and p.spare.poll() is None:
+                p.spare.kill()
+                p.spare.wait()
         live = [p for p in self.procs.values() if p.popen is not None and p.popen.poll() is None]
         learners = [p for p in live if p.name != "syncer"]
         for p in live:
