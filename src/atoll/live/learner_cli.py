@@ -56,12 +56,6 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if args.standby is not None:  # a warm spare: the imports are done; wait to be needed
-        while not args.standby.exists():
-            if stop["now"]:
-                return 130
-            time.sleep(0.02)
-        args.restart = int(args.standby.read_text())
     if args.corpus and args.corpus.is_file():
         from atoll.model import ByteCorpus
 
@@ -71,6 +65,14 @@ def main(args: argparse.Namespace) -> int:
     model = new_model(scfg)  # overwritten by the heal: the syncer's values are used
     opt = new_inner_optimizer(model, scfg)
     data = DataStream(scfg, corpus, args.index)
+    if args.standby is not None:  # a warm spare: everything is loaded; wait to be needed
+        x, y = data.next()
+        new_model(scfg)(x, y).backward()  # torch's first forward and backward, on a throwaway
+        while not args.standby.exists():
+            if stop["now"]:
+                return 130
+            time.sleep(0.02)
+        args.restart = int(args.standby.read_text())
     data.gen.manual_seed(scfg.seed * 1000 + args.index + 7919 * args.restart)
     learner = Learner(
         model,
