@@ -3,6 +3,7 @@ protocol settings of a live run are those of `SimConfig` (atoll.config.settings)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from atoll.errors import ConfigError
@@ -73,6 +74,8 @@ def _per_learner(key: str, raw: str, n: int, allow_zero: bool = False) -> list[f
         raise ConfigError(key, raw, "comma-separated numbers") from None
     if len(vals) == 1:
         vals = vals * n
-    if len(vals) != n or any(v < 0 or (v == 0 and not allow_zero) for v in vals):
-        raise ConfigError(key, raw, f"one number, or {n} of them (one per learner)")
+    if len(vals) != n or any(
+        not v < math.inf or v < 0 or (v == 0 and not allow_zero) for v in vals
+    ):
+        raise ConfigError(key, raw, f"one finite number, or {n} of them (one per learner)")
     return vals

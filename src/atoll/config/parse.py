@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import fields
 from pathlib import Path
@@ -28,13 +29,33 @@ def add_set_argument(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def read_file(file: str | Path) -> dict[str, str]:
-    """A JSON or TOML table of settings, as `key -> raw string` (booleans as true/false)."""
+    """A JSON or TOML table of settings, as `key -> raw string` (booleans as true/false). A file
+    that is not UTF-8 JSON/TOML, not a table, or holds a value that is not a number, string or
+    boolean is a ConfigError."""
     path = Path(file)
     if not path.is_file():
         raise ConfigError("config", str(file), "an existing .json or .toml file")
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in data.items()}
+    kind = "JSON" if path.suffix == ".json" else "TOML"
+    try:
+        text = path.read_bytes().decode("utf-8")
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
+    except OSError as exc:
+        raise ConfigError("config", str(file), f"a readable file ({exc.strerror})") from None
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, JSON or TOML; nesting too deep
+        why = f"{type(exc).__name__}: {exc}"[:200]
+        allowed = f"a UTF-8 {kind} table of settings ({why})"
+        raise ConfigError("config", str(file), allowed) from None
+    if not isinstance(data, dict):
+        raise ConfigError("config", str(file), f"a {kind} table of key = value settings")
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, bool):
+            out[k] = str(v).lower()
+        elif isinstance(v, (int, float, str)):
+            out[k] = str(v)
+        else:
+            raise ConfigError(k, v, "a number, a string or a boolean (one setting per key)")
+    return out
 
 
 def parse(
@@ -115,7 +136,11 @@ def _convert(key: str, raw: str, typ: object) -> object:
         if name == "int":
             return int(raw)
         if name == "float":
-            return float(raw)
-        return raw
-    except ValueError:
+            v = float(raw)
+        else:
+            return raw
+    except ValueError:  # (also an int of more digits than Python converts)
         raise ConfigError(key, raw, f"a value of type {name}") from None
+    if not math.isfinite(v):
+        raise ConfigError(key, raw, "a finite number")
+    return v

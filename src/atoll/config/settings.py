@@ -33,6 +33,9 @@ def need(cfg: object, ok: bool, key: str, allowed: str) -> None:
         raise ConfigError(key, getattr(cfg, key), allowed)
 
 
+MAX_LEARNERS = 4096  # learners of one run (per-learner settings are lists this long)
+
+
 @dataclass(frozen=True)
 class RunSettings:
     method: str = "decoupled"
@@ -43,7 +46,12 @@ class RunSettings:
 
     def validate(self) -> RunSettings:
         need(self, self.method in METHODS, "method", f"one of {METHODS}")
-        need(self, self.learners >= 1, "learners", "an integer >= 1")
+        need(
+            self,
+            1 <= self.learners <= MAX_LEARNERS,
+            "learners",
+            f"an integer in [1, {MAX_LEARNERS}]",
+        )
         need(self, self.steps >= 1, "steps", "an integer >= 1")
         need(self, self.threads >= 1, "threads", "an integer >= 1")
         return self
@@ -178,11 +186,11 @@ class WorldSettings:
             raise ConfigError("speeds", self.speeds, "comma-separated numbers > 0") from None
         if len(vals) == 1:
             vals = vals * learners
-        if len(vals) != learners or any(v <= 0 for v in vals):
+        if len(vals) != learners or not all(0 < v < math.inf for v in vals):
             raise ConfigError(
                 "speeds",
                 self.speeds,
-                f"one number > 0, or {learners} of them (one per learner)",
+                f"one finite number > 0, or {learners} of them (one per learner)",
             )
         return vals
 
