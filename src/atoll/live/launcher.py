@@ -88,6 +88,7 @@ class Launcher:
         self.port = self.lcfg.port or free_port(self.lcfg.host)
         self.address = f"{self.lcfg.host}:{self.port}"
         n = self.scfg.learners
+        self.lcfg.shape_factors(n)  # a bad per-learner value stops here, not in a learner
         spec = self.lcfg.chaos or self.scfg.scenario  # one scenario key drives both drivers
         scenario = chaos.load(spec, self.lcfg.restart_delay_s).validate(n)
         self.chaos = scenario.timeline(n, self.lcfg.max_wall_s, self.lcfg.chaos_seed)
