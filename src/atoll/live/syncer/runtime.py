@@ -90,6 +90,7 @@ class SyncerRuntime:
         self.tape.open_segment(self.tape.next_seq)
         self._threads: list[threading.Thread] = []
         self.exit = _exit  # how a fatal error ends the process (tests replace it)
+        self._snapshotting = threading.Lock()
 
     # -- durability ---------------------------------------------------------------------------
     def _restore(self) -> Restored:
@@ -112,6 +113,12 @@ class SyncerRuntime:
         return r
 
     def snapshot(self) -> None:
+        """One at a time: the snapshot thread's and the end of the run's would share the
+        temporary file."""
+        with self._snapshotting:
+            self._snapshot()
+
+    def _snapshot(self) -> None:
         with self.lock:
             seq = self.tape.next_seq
             state = self.proto.state_dict(self.opts.snapshot_history)  # copies
