@@ -3,7 +3,8 @@
 A payload travels as a header (carrying `total_bytes` and `crc32` of the whole payload) followed
 by chunks of at most `chunk_bytes`. `Assembler` collects chunks and only yields the payload once
 it is complete and its checksum matches; anything else raises `TransferError` with the reason,
-so a transfer cut in the middle never produces a partial payload.
+so a transfer cut in the middle never produces a partial payload. Memory: the chunks held are
+never more than `total_bytes` <= `limit`, and `payload()` joins them once (2 x limit at most).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ DEFAULT_CHUNK = 256 * 1024
 
 
 class TransferError(ValueError):
-    """A chunked transfer that cannot be accepted; the message says why."""
+    """A chunked transfer that cannot be accepted; the message says why. (Its subclass
+    `atoll.wire.convert.MessageError` is a message whose fields cannot be used.)"""
 
 
 def crc32(payload: bytes) -> int:
@@ -35,6 +37,8 @@ class Assembler:
     """Collects the chunks of one payload announced with `total_bytes` and `crc`."""
 
     def __init__(self, total_bytes: int, crc: int, limit: int) -> None:
+        if total_bytes < 0:
+            raise TransferError(f"payload of {total_bytes} bytes: a size must be >= 0")
         if total_bytes > limit:
             raise TransferError(f"payload of {total_bytes} bytes is over the limit of {limit}")
         self.total, self.crc = total_bytes, crc

@@ -2,6 +2,13 @@
 
 The live syncer and the learner's communication side both use these; neither builds or reads
 a protobuf message field by field anywhere else.
+
+What a message may hold: the syncer's readers (`contribution_from_header`, `resume_from_hello`,
+`progress_from_beat`) never raise, whatever the fields: every value goes on to the core, which
+refuses or ignores what it cannot use (atoll.core.checks). The learner's readers of what the
+syncer sends (`plan_from_welcome`, `learner_config_from_welcome`, `update_from_header`) raise
+`MessageError` naming the field, its value and what is allowed; it is a `TransferError`, so the
+learner's Join stream handles it as a broken transfer (it reconnects).
 """
 
 from __future__ import annotations
@@ -9,14 +16,25 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from atoll.core.codec import MAX_NUMEL
 from atoll.core.fragments import Fragment, FragmentPlan
 from atoll.core.learner import LearnerConfig
 from atoll.core.messages import Contribution, FragmentUpdate, Progress, Pull, Resume
+from atoll.errors import ConfigError
 from atoll.wire import PROTOCOL
 from atoll.wire import atoll_pb2 as pb
-from atoll.wire.chunks import crc32
+from atoll.wire.chunks import TransferError, crc32
 
 SENT_AT_WINDOW_S = 600.0  # a contribution's send time is taken within this much of arrival
+UPDATE_KINDS = ("full", "delta")
+
+
+class MessageError(TransferError):
+    """A message whose field cannot be used: names the field, the value and what is allowed."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}={value!r} is not allowed: {allowed}")
 
 
 # -- updates (syncer -> learner) ---------------------------------------------------------------
@@ -37,6 +55,8 @@ def update_header(u: FragmentUpdate, heal: bool = False, inline: bool = True) ->
 
 
 def update_from_header(h: pb.UpdateHeader, payload: bytes) -> FragmentUpdate:
+    if h.kind not in UPDATE_KINDS:
+        raise MessageError("UpdateHeader.kind", h.kind, f"one of {UPDATE_KINDS}")
     return FragmentUpdate(
         h.fragment,
         h.version,
@@ -130,25 +150,61 @@ def welcome(
 
 
 def plan_from_welcome(w: pb.Welcome) -> FragmentPlan:
-    frags = tuple(
-        Fragment(
-            index=f.index,
-            names=tuple(t.name for t in f.tensors),
-            shapes=tuple(tuple(int(d) for d in t.shape) for t in f.tensors),
-            offset=f.offset,
-            is_embedding=f.is_embedding,
+    """The syncer's fragment plan: fragments 0..P-1 in order, offsets in [0, H), tensors with
+    unique names and dimensions >= 0, at most MAX_NUMEL values per fragment."""
+    if w.H < 1:
+        raise MessageError("Welcome.H", w.H, "an integer >= 1")
+    if not w.fragments:
+        raise MessageError("Welcome.fragments", [], "at least one fragment")
+    names: set[str] = set()
+    frags = []
+    for i, f in enumerate(w.fragments):
+        where = f"Welcome.fragments[{i}]"
+        if f.index != i:
+            raise MessageError(f"{where}.index", f.index, f"{i} (fragments in order)")
+        if f.offset >= w.H:
+            raise MessageError(f"{where}.offset", f.offset, f"an integer in [0, H={w.H})")
+        if not f.tensors:
+            raise MessageError(f"{where}.tensors", [], "at least one tensor")
+        numel = 0
+        for j, t in enumerate(f.tensors):
+            if not t.name or t.name in names:
+                raise MessageError(f"{where}.tensors[{j}].name", t.name, "a unique, non-empty name")
+            names.add(t.name)
+            n = 1
+            for d in t.shape:
+                if d < 0:
+                    raise MessageError(f"{where}.tensors[{j}].shape", list(t.shape), "dims >= 0")
+                n = min(n * d, MAX_NUMEL + 1)
+            numel += n
+        if numel > MAX_NUMEL:
+            raise MessageError(f"{where}", f"{numel} values or more", f"at most {MAX_NUMEL}")
+        frags.append(
+            Fragment(
+                index=f.index,
+                names=tuple(t.name for t in f.tensors),
+                shapes=tuple(tuple(int(d) for d in t.shape) for t in f.tensors),
+                offset=f.offset,
+                is_embedding=f.is_embedding,
+            )
         )
-        for f in w.fragments
-    )
-    return FragmentPlan(fragments=frags, H=w.H)
+    return FragmentPlan(fragments=tuple(frags), H=w.H)
 
 
 def learner_config_from_welcome(w: pb.Welcome, block: bool = True) -> LearnerConfig:
+    """The learner's settings, checked (`LearnerConfig.validate`) against the Welcome's H."""
     s = w.settings
     fields = {
         f.name: getattr(s, f.name) for f in dataclasses.fields(LearnerConfig) if hasattr(s, f.name)
     }
-    return LearnerConfig(**{**fields, "block": block, "schedule": s.schedule or "push"})
+    cfg = LearnerConfig(**{**fields, "block": block, "schedule": s.schedule or "push"})
+    if w.H < 1:
+        raise MessageError("Welcome.H", w.H, "an integer >= 1")
+    try:
+        cfg.validate(w.H)
+    except ConfigError as exc:
+        raise MessageError(f"Welcome.settings.{exc.setting}", exc.value, exc.allowed) from None
+    return cfg
 
 
 def hello(learner: str, incarnation: str, resume: Resume | None, epoch: str = "") -> pb.Hello:

@@ -10,32 +10,48 @@ safetensors blob holding the fragment's new exact value, public value and outer-
 state, with JSON metadata (seq, fragment, version, grace EMAs, the driver's accounting). A
 record is written (and flushed to the OS, optionally fsync'ed) *before* the merge is broadcast,
 so whatever a learner has seen is on the tape. A torn last record (a crash during the write)
-fails its length or crc check and is ignored: it was never broadcast.
+fails its length or crc check: restore drops it (it was never broadcast), says so
+(`Restored.torn`) and cuts it off the file, so that the next records follow intact ones.
 
-Snapshot: ``snapshot.safetensors`` written to a temporary file, fsync'ed and renamed (atomic).
-It covers tape records with seq < ``tape_next``; at each snapshot the tape starts a new file,
-and files older than the previous snapshot are deleted (one generation is kept).
+Snapshot: ``snapshot.safetensors`` written to a temporary file, fsync'ed and renamed (atomic),
+with a crc32 of its JSON metadata and tensors (snapshots without one, of earlier versions, are
+read unchecked). It covers tape records with seq < ``tape_next``; at each snapshot the tape
+starts a new file, and files older than the previous snapshot are deleted (one generation).
 
 Restore = load the snapshot, then replay every tape record with seq >= tape_next in order. Each
-record carries the fragment's full state, so replay needs no recomputation and is exact.
+record carries the fragment's full state, so replay needs no recomputation and is exact. What
+is replayed must be whole: records tape_next, tape_next + 1, ... without a gap, each a version
+newer than the fragment's last, every tensor of the plan's size. Anything else (a damaged
+snapshot, a damaged record that intact ones follow, a gap, a record that does not parse) is a
+`StoreError` naming the file, the place and what is wrong, raised before the protocol or any
+file is changed: a syncer never starts from a state that mixes up its history.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load, save
+from safetensors.torch import save
 
 from atoll.core.syncer import SyncerProtocol
-
-_REC = struct.Struct("<II")
+from atoll.live.syncer.store_read import (
+    CRC_KEY,
+    REC,
+    StoreError,
+    digest,
+    intact_after,
+    parse,
+    read_file,
+    read_record,
+    read_snapshot,
+    scan,
+)
 
 
 def _tensors(prefix: str, st: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -53,41 +69,6 @@ def _tensors(prefix: str, st: dict[str, Any]) -> dict[str, torch.Tensor]:
 def _meta(st: dict[str, Any]) -> dict[str, Any]:
     return {"fragment": st["fragment"], "version": st["version"], "count": st["outer"]["count"],
             "history": list(st["history"])}  # fmt: skip
-
-
-def _state(prefix: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """A fragment state back from `_meta` and `_tensors`."""
-    public = tensors[f"{prefix}public"]
-    return {
-        "fragment": meta["fragment"],
-        "version": meta["version"],
-        "theta": tensors[f"{prefix}theta"],
-        "public": public,
-        "outer": {
-            "buf": tensors.get(f"{prefix}buf"),
-            "acc": tensors.get(f"{prefix}acc"),
-            "count": meta["count"],
-        },
-        "history": {
-            v: tensors.get(f"{prefix}hist.{v}", public)
-            for v in meta.get("history", [meta["version"]])  # older tapes: the current one
-        },
-    }
-
-
-def _upgrade(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-    """A snapshot of the layout before the fragment-state dicts (`theta.{p}`, `outer.{p}.buf`,
-    `hist.{p}.{v}`, fragments by position) renamed in place to this one (`{p}.theta`, ...)."""
-    if all("fragment" in f for f in meta["fragments"]):
-        return
-    for p, f in enumerate(meta["fragments"]):
-        f["fragment"] = p
-        renames = {f"theta.{p}": "theta", f"public.{p}": "public", f"outer.{p}.buf": "buf",
-                   f"outer.{p}.acc": "acc"}  # fmt: skip
-        renames.update({f"hist.{p}.{v}": f"hist.{v}" for v in f["history"]})
-        for old, new in renames.items():
-            if old in tensors:
-                tensors[f"{p}.{new}"] = tensors.pop(old)
 
 
 def commit_record(proto: SyncerProtocol, seq: int, p: int, extra: dict[str, Any]) -> bytes:
@@ -117,7 +98,7 @@ class Tape:
     def append(self, body: bytes) -> int:
         """Write one record; returns its seq. Flushed to the OS before returning."""
         seq = self.next_seq
-        self._fh.write(_REC.pack(len(body), zlib.crc32(body) & 0xFFFFFFFF) + body)
+        self._fh.write(REC.pack(len(body), zlib.crc32(body) & 0xFFFFFFFF) + body)
         self._fh.flush()
         if self.fsync:
             os.fsync(self._fh.fileno())
@@ -125,12 +106,11 @@ class Tape:
         return seq
 
     def segments(self) -> list[tuple[int, Path]]:
+        """(first seq, path) of every segment file, in order (other names are not ours)."""
         out = []
         for f in self.folder.glob("*.tape"):
-            try:
+            if f.stem.isascii() and f.stem.isdigit() and f.is_file():
                 out.append((int(f.stem), f))
-            except ValueError:
-                continue
         return sorted(out)
 
     def drop_before(self, seq: int) -> None:
@@ -147,25 +127,11 @@ class Tape:
 
 def read_records(path: Path) -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
     """Every intact record of one tape file, in order; stops at a torn or corrupt record."""
-    data = path.read_bytes()
     out = []
-    i = 0
-    while i + _REC.size <= len(data):
-        n, crc = _REC.unpack_from(data, i)
-        body = data[i + _REC.size : i + _REC.size + n]
-        if len(body) != n or (zlib.crc32(body) & 0xFFFFFFFF) != crc:
-            break
-        tensors = load(body)
-        meta = json.loads(_metadata(body)["json"])
+    for off, rec in scan(read_file(path))[0]:
+        tensors, meta, _md = parse(rec, f"{path.name} at byte {off}")
         out.append((tensors, meta))
-        i += _REC.size + n
     return out
-
-
-def _metadata(blob: bytes) -> dict[str, str]:
-    (hlen,) = struct.unpack_from("<Q", blob, 0)
-    header = json.loads(blob[8 : 8 + hlen])
-    return header.get("__metadata__", {})
 
 
 @dataclass
@@ -175,6 +141,8 @@ class Restored:
     extra: dict[str, Any] = field(default_factory=dict)  # the driver's last accounting
     lost_committed_rounds: int = 0  # tape commits not reflected in the restored state
     found: bool = False
+    torn: str = ""  # a torn last record that was dropped: which file, where, how many bytes
+    dropped_bytes: int = 0  # its size (cut off the file)
 
 
 def write_snapshot(
@@ -191,7 +159,8 @@ def write_snapshot(
         "fragments": [_meta(st) for st in state["fragments"]],
         "extra": extra,
     }
-    blob = save(tensors, metadata={"json": json.dumps(meta)})
+    text = json.dumps(meta)
+    blob = save(tensors, metadata={"json": text, CRC_KEY: digest(text, tensors)})
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
         fh.write(blob)
@@ -207,38 +176,79 @@ def write_snapshot(
 
 def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> Restored:
     """Load snapshot + tape into `proto` (freshly built from the same plan and config) through
-    its `load_state_dict` / `load_fragment_state` only."""
+    its `load_state_dict` / `load_fragment_state` only. Everything is read and checked first:
+    on a `StoreError` neither `proto` nor any file has changed."""
     out = Restored()
+    plan = proto.plan
+    base = None
+    versions = list(proto.version)
     if snapshot.exists():
-        blob = snapshot.read_bytes()
-        tensors = load(blob)
-        meta = json.loads(_metadata(blob)["json"])
-        _upgrade(meta, tensors)
-        frags = [_state(f"{f['fragment']}.", f, tensors) for f in meta["fragments"]]
-        proto.load_state_dict(
-            {"rounds_closed": meta["rounds_closed"], "grace": meta["grace"], "fragments": frags}
-        )
-        out.snapshot_seq = meta["tape_next"]
-        out.extra = meta["extra"]
+        base, out.snapshot_seq, out.extra = read_snapshot(snapshot, plan)
+        versions = [0] * plan.P
+        for st in base["fragments"]:
+            versions[st["fragment"]] = st["version"]
         out.found = True
-    committed: dict[int, int] = {}  # fragment -> newest version on the tape
-    next_seq = out.snapshot_seq
-    for _start, path in tape.segments():
-        for tensors, meta in read_records(path):
-            if meta["seq"] < out.snapshot_seq:
-                continue
-            st = _state("", meta, tensors)
-            proto.load_fragment_state(
-                {**st, "rounds_closed": meta["rounds_closed"], "grace": meta["grace"]}
+    replay: list[dict[str, Any]] = []
+    due = out.snapshot_seq  # the seq of the next record to replay
+    segments = tape.segments()
+    torn: tuple[Path, int, int] | None = None
+    for k, (start, path) in enumerate(segments):
+        if start > due:  # a segment is named after the first record it was opened for
+            raise StoreError(
+                f"{path.name} begins at record {start} where record {due} was due: records "
+                f"{due}..{start - 1} are missing" + ("" if base else f" ({snapshot.name} too)")
             )
-            committed[meta["fragment"]] = max(committed.get(meta["fragment"], 0), meta["version"])
-            out.replayed += 1
-            out.extra = meta["extra"]
-            out.found = True
-            next_seq = max(next_seq, meta["seq"] + 1)
+        data = read_file(path)
+        records, bad = scan(data)
+        for off, body in records:
+            where = f"{path.name} at byte {off}"
+            seq, st, extra = read_record(body, plan, where)
+            if seq < out.snapshot_seq:  # covered by the snapshot
+                continue
+            if seq != due:
+                missing = f"records {due}..{seq - 1} are missing" if seq > due else "out of order"
+                raise StoreError(f"{where}: record {seq} where {due} was due: {missing}")
+            p = st["fragment"]
+            if st["version"] <= versions[p]:
+                raise StoreError(
+                    f"{where}: record {seq} takes fragment {p} from version {versions[p]} to "
+                    f"{st['version']}: a merge always makes a newer version"
+                )
+            versions[p] = st["version"]
+            replay.append(st)
+            out.extra = extra
+            due += 1
+        covered = k + 1 < len(segments) and segments[k + 1][0] <= out.snapshot_seq
+        if bad is not None and not covered:  # (damage the snapshot covers does not matter)
+            after = intact_after(data, bad)
+            if after is not None:
+                raise StoreError(
+                    f"{path.name}: damaged record at byte {bad} with an intact one after it "
+                    f"(byte {after}): the tape is corrupted, not torn by a crash"
+                )
+            if k == len(segments) - 1:
+                torn = (path, bad, len(data) - bad)
+            # a damaged end of an earlier segment: the syncer restarted after a torn record
+            # and began the next segment, whose first record must be the one due (checked)
+    if torn is not None:  # cut off, so that records appended later follow intact ones
+        path, at, n = torn
+        try:
+            os.truncate(path, at)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot drop its torn last record ({exc})") from None
+        out.torn = f"{path.name}: dropped a torn last record ({n} bytes at byte {at})"
+        out.dropped_bytes = n
+    if base is not None:
+        proto.load_state_dict(base)
+    committed: dict[int, int] = {}  # fragment -> newest version on the tape
+    for st in replay:
+        proto.load_fragment_state(st)
+        committed[st["fragment"]] = max(committed.get(st["fragment"], 0), st["version"])
+    out.replayed = len(replay)
+    out.found = out.found or bool(replay)
     # check the tape against the restored state: every committed version must be there
     out.lost_committed_rounds = sum(max(0, v - proto.version[p]) for p, v in committed.items())
     if out.replayed or not out.found:  # (load_state_dict already did this for a snapshot)
         proto.loaded()
-    tape.next_seq = next_seq
+    tape.next_seq = due
     return out
