@@ -64,6 +64,9 @@ WORDS = (
 )
 
 
+NUMBERS = ("nan", "inf", "1e999", "-inf", "1,inf,1,1", "0.5,nan", "3", "0")
+
+
 def value_for(key: str) -> st.SearchStrategy[Any]:
     """A Python value for `key` (what a file holds)."""
     t = TYPES.get(key, "str")
@@ -86,7 +89,7 @@ def value_for(key: str) -> st.SearchStrategy[Any]:
         "int": st.integers(1, 8),
         "float": st.floats(0.05, 0.95),
         "bool": st.booleans(),
-        "str": st.sampled_from(WORDS),
+        "str": st.sampled_from(WORDS + NUMBERS),  # (numbers: speeds, shape_mbps are lists)
     }[t]
     return mostly(sane, st.one_of(typed, other), share=1)
 
@@ -140,7 +143,10 @@ FILE = st.one_of(
         ),
     ),  # fmt: skip
 )
-CASES = st.tuples(st.lists(PAIR, max_size=5), FILE)
+CASES = st.one_of(
+    st.tuples(st.lists(PAIR, max_size=5), FILE),
+    st.tuples(st.lists(KEY_VALUE.map(lambda kv: ("kv", *kv)), max_size=1), st.none()),  # one key
+)
 
 
 def _toml(v: Any) -> str:
