@@ -202,18 +202,20 @@ class Launcher:
         chaos = list(self.chaos)
         interrupted = False
         spares = False  # warm spares, for a scenario that kills learners
-        want_spares = self.lcfg.warm_spares and any(f.kind == "kill" for f in chaos)
+        # one for each learner the scenario kills (their targets are drawn already)
+        spare_for = (
+            {f.target for f in chaos if f.kind == "kill"} if self.lcfg.warm_spares else set()
+        )
         try:
             while True:
                 now = time.time()
                 if t0 is None and chaos and now - asked >= 0.2:
                     asked = now
                     t0 = self._training_started()
-                if t0 is not None and want_spares and not spares:
+                if t0 is not None and spare_for and not spares:
                     spares = True  # once training started: the start is not slowed by them
-                    for p in self.procs.values():
-                        if p.name != "syncer":
-                            self._spawn_spare(p)
+                    for name in sorted(spare_for):
+                        self._spawn_spare(self.procs[name])
                 while chaos and t0 is not None and now - t0 >= chaos[0].at:
                     self._inject(chaos.pop(0), now)
                 self._supervise(now)
