@@ -81,6 +81,7 @@ def plot(results: dict, path: Path) -> None:
     ax.bar(names, crashes, bottom=bottom, label="crashes", color="#c44e52")
     for i in range(len(names)):
         ax.text(i, bottom[i], f"{crashes[i]} crashes", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.12 * max([*bottom, 1]))
     ax.set_ylabel("generated cases")
     ax.set_title("atoll fuzzing: outcome per decoder family")
     ax.legend(loc="lower right", fontsize=8)
