@@ -106,7 +106,7 @@ def _syncer(outer="nesterov"):
     init = {
         k: torch.randn(s, generator=torch.Generator().manual_seed(1)) for k, s in shapes.items()
     }
-    cfg = SyncerConfig(quorum=1, grace=False, outer=outer)
+    cfg = SyncerConfig(quorum=1, grace=False, outer=outer, down_codec="fp32")  # as written
     return plan, lambda: SyncerProtocol(plan, [plan.flatten(init, p) for p in range(3)], cfg)
 
 

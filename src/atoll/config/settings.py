@@ -117,7 +117,7 @@ class ProtocolSettings:
     outer_delay: int = 4
     # wire
     codec: str = "int4"
-    down_codec: str = "fp32"
+    down_codec: str = "int4"
     group: int = 64
     error_feedback: bool = True
     sync_codec: str = "fp32"  # outer-gradient all-reduce of synchronous DiLoCo

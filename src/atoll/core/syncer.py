@@ -14,13 +14,17 @@ learners send on their own step count.
 
 Closing a round for fragment p:
  1. contributions are kept per learner (a newer one from the same learner replaces the older);
- 2. once `quorum` learners have contributed, the round stays open for the grace window
-    (grace.py), or closes at once if every live learner has contributed;
+ 2. with the pull schedule the round closes at the pull's answer window (pacing.py: the
+    slowest listening learner's step time plus the upload time), or at once when every
+    listening learner has answered, and never below `quorum` (`grace=False`: at the quorum,
+    as with push without grace); with push, once `quorum`
+    learners have contributed, the round stays open for the grace window (grace.py), or
+    closes at once if every live learner has contributed;
  3. each learner's outer gradient is taken against the current value:
         theta_m = Theta_pub[base_version] - delta_m ;  Delta_m = Theta_p - theta_m
  4. weights tokens^2/steps, merge (RDA, embeddings: weighted mean), outer step, version + 1;
- 5. the new value is sent to every live learner: in full (fp32, default), or as the change
-    of the public value quantized with `down_codec`; the syncer keeps the exact Theta and the
+ 5. the new value is sent to every live learner: in full (fp32), or as the change
+    of the public value quantized with `down_codec` (default int4); the syncer keeps the exact Theta and the
     learners' public copy separately, so what is not sent is carried into the next broadcast
     (error feedback held on the syncer) and the global parameters are never degraded.
 """
@@ -38,6 +42,7 @@ from atoll.core import codec
 from atoll.core.admission import Admission
 from atoll.core.checks import STEP_TIME_MAX, check_contribution
 from atoll.core.counters import token_weight
+from atoll.core.pacing import PullRounds
 from atoll.core.events import (
     Accepted,
     Event,
@@ -84,7 +89,7 @@ class SyncerConfig:
     outer_lr: float = 1.0
     outer_momentum: float = 0.9
     outer_delay: int = 4
-    down_codec: str = "fp32"
+    down_codec: str = "int4"
     group: int = 64
     history: int = 64  # public versions kept per fragment to resolve learners' base versions
     schedule: str = "pull"  # "pull": the syncer paces rounds; "push": learners' step counts
@@ -148,6 +153,9 @@ class SyncerProtocol(Admission, DurableState):
         self.round_id = [0] * plan.P
         self.rounds_closed = 0
         self.tick = -1  # pull clock: -1 until the first step time is measured
+        self.pulled = PullRounds(plan.P)  # when each pulled round closes (core/pacing.py)
+        # pulled rounds wait for the answer window; without grace they close at the quorum
+        self._answer_window = self.cfg.schedule == "pull" and self.cfg.grace
         self.restored_versions = [0] * plan.P  # versions when this process started
         self.max_seen = [-1] * plan.P  # newest versions learners of earlier epochs had seen
         self.full_frames: dict[int, tuple[torch.Tensor, bytes]] = {}  # heals: encoded once
@@ -187,12 +195,14 @@ class SyncerProtocol(Admission, DurableState):
         else:
             self.listening.discard(learner)
             self.reported.pop(learner, None)
+            self.pulled.forget(learner)
         return []
 
     def on_lost(self, now: float, learner: str, why: str | None = None) -> list:
         self.live.discard(learner)
         self.listening.discard(learner)
         self.reported.pop(learner, None)
+        self.pulled.forget(learner)
         out: list = [Event(now, "syncer", Lost(learner, why))]
         for p in range(self.plan.P):
             out += self._maybe_close(now, p)
@@ -258,6 +268,7 @@ class SyncerProtocol(Admission, DurableState):
             return []
         for _ in range(min(k, PROGRESS_STEPS_MAX)):
             self.grace.observe_step(mean)
+        self.pulled.observe(lid, mean)
         if self.cfg.schedule == "pull" and self.tick < 0:
             self.tick = 0
             return [SetTimer(now, ("pull", 0))]
@@ -268,6 +279,9 @@ class SyncerProtocol(Admission, DurableState):
         for f in self.plan.fragments:
             if f.offset == tick % self.plan.H:
                 out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.listening)]
+                if self._answer_window:
+                    at = self.pulled.open(f.index, now, self.grace, self.listening)
+                    out += [SetTimer(at, ("close", f.index, self.round_id[f.index]))]
         self.tick = tick + 1
         return out + [SetTimer(now + (self.grace.step.value or 1.0), ("pull", tick + 1))]
 
@@ -275,9 +289,11 @@ class SyncerProtocol(Admission, DurableState):
         if key[0] == "pull":
             return self._pull(now, key[1])
         _, p, rid = key
-        if rid != self.round_id[p] or not self.pending[p]:
+        if rid != self.round_id[p]:
             return []
-        return self._close(now, p)
+        if not self.pending[p]:
+            return []  # nothing answered in time: the first answer closes the round
+        return self._maybe_close(now, p) if self._answer_window else self._close(now, p)
 
     def close_all(self, now: float) -> list:
         """The end of a run (nothing more will arrive): close every open round now."""
@@ -297,8 +313,13 @@ class SyncerProtocol(Admission, DurableState):
             self.grace.observe(self.grace.to_quorum, now - first)
         # every learner that could have sent has: with the pull schedule those that can hear
         # pulls (a session that never listens, or cannot now, is not waited for)
-        waited = self.listening if self.cfg.schedule == "pull" else self.live
-        everyone = waited <= set(pend)
+        if self._answer_window and self.pulled.waiting(p):  # a pull's answers (pacing.py)
+            if self.listening <= set(pend) or self.pulled.due(p, now):
+                return self._close(now, p)
+            return []  # the deadline's timer is set
+        # every learner that could have sent has: with the pull schedule those that can hear
+        # pulls (a session that never listens, or cannot now, is not waited for)
+        everyone = (self.listening if self.cfg.schedule == "pull" else self.live) <= set(pend)
         window = self.grace.window()
         if everyone or window <= 0 or now >= self.quorum_at[p] + window:
             return self._close(now, p)
@@ -354,6 +375,7 @@ class SyncerProtocol(Admission, DurableState):
         return [Send(lid, update) for lid in sorted(self.live)] + [Event(now, "syncer", event)]
 
     def _reset_round(self, p: int) -> None:
+        self.pulled.closed(p)
         self.pending[p] = {}
         self.quorum_at[p] = None
         self.round_id[p] += 1

@@ -13,7 +13,8 @@ thread, inside `step()` (a step boundary). At that boundary the learner applies 
 takes the contributions now due (`Outgoing`: plain float32 deltas base - theta, the snapshot
 is the step boundary's), and hands them to the communication side (atoll.live.comm), which
 encodes (quantizes, compresses, error feedback) and sends them. It runs in a child process
-(`comm="process"`, what the default "auto" picks with 2 or more cores: no background Python
+(`comm="process"`, what the default "auto" picks with 2 or more cores per learner process
+running on this machine (`comm_mode.learners_on_host`): no background Python
 thread competes for the training process's GIL; a step boundary costs one socket write, one
 read, and copies through shared memory slots, atoll.live.shm) or in background threads
 (`comm="thread"`: no second process, but those threads take the GIL from the training loop at
@@ -48,7 +49,7 @@ from atoll.core.learner import LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
 from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
-from atoll.live.comm_mode import resolve_comm
+from atoll.live.comm_mode import learners_on_host, resolve_comm
 from atoll.live.learner.messages import (
     BeatDone,
     BeatOnce,
@@ -103,7 +104,8 @@ class Learner:
         """Join the syncer at `syncer` ("host:port") and block until healed from it.
 
         `comm`: where the communication runs, "process", "thread" or "auto" ("process" when
-        this machine has 2 or more cores, else "thread"); see the module notes.
+        this machine has 2 or more cores per learner process on it, else "thread"; learners
+        started together count each other, `comm_mode.learners_on_host`); see the module notes.
 
         `switch_interval_s`: None (default) leaves the interpreter alone. A number is passed
         to `sys.setswitchinterval` when the communication runs in threads ("thread", or what
@@ -114,7 +116,8 @@ class Learner:
         to bound that wait. Ignored with a child process (no competing threads)."""
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
-        comm = resolve_comm(comm, 1)  # "auto": a child process if this machine has 2+ cores
+        # "auto": a child process with 2+ cores per learner process running on this machine
+        comm = resolve_comm(comm, learners_on_host() if comm == "auto" else 1)
         if comm == "thread" and switch_interval_s is not None:
             sys.setswitchinterval(switch_interval_s)
         self.model = model

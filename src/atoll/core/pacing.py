@@ -1,0 +1,63 @@
+"""When a pulled round closes (the pull schedule).
+
+At a tick the syncer pulls fragment p from every listening learner. Each answers at its next
+step boundary, so within one of its own step times, and the answer takes about `sync` (the
+measured upload time, grace.py) to arrive. The round therefore stays open
+
+    answer window = min(slowest + 2 * sync, tau * step + sync)
+
+after the pull (the second `sync` is margin for the jitter of a busy host: on 2 cores with 4
+learners, one sync less left a fifth of the rounds to a single late answer), and closes
+earlier once every listening learner has answered. `slowest` is
+the largest step time among the listening learners' own reports; a learner slower than
+tau steps is not waited for: an answer that arrives after its round closed is merged as
+with push (quorum, then the grace window), and when nobody answered within the window the
+first answer closes the round at once (a learner waiting for its answer is not kept waiting).
+Waiting for the slowest matters: with a quorum of 1, a round of one late straggler sets the
+global fragment from its stale work alone.
+
+Measured before this rule (the grace window, counted from the first answer): a pull every
+step gave 2.3 rounds per pull on 4 learners of one speed, so each fragment was merged about
+every 10 steps instead of every H, most rounds merging one or two learners (BENCHMARKS.md,
+the peer benchmark).
+"""
+
+from __future__ import annotations
+
+import math
+
+from atoll.core.grace import SPAN, GracePolicy
+
+
+class PullRounds:
+    def __init__(self, P: int) -> None:
+        self.deadline = [math.inf] * P  # when the open pull of each fragment closes
+        self.step_of: dict[str, float] = {}  # learner -> its reported step time
+
+    def observe(self, learner: str, step_time: float) -> None:
+        self.step_of[learner] = step_time
+
+    def forget(self, learner: str) -> None:
+        self.step_of.pop(learner, None)
+
+    def window(self, grace: GracePolicy, listening: set[str]) -> float:
+        step = grace.step.value or 1.0
+        times = [self.step_of[x] for x in listening if x in self.step_of]
+        slowest = min(max(times, default=step), SPAN * step)
+        sync = grace.sync.value or 0.0
+        return min(slowest + 2 * sync, grace.tau * step + sync)
+
+    def open(self, p: int, now: float, grace: GracePolicy, listening: set[str]) -> float:
+        """Fragment p was pulled at `now`: its round's deadline."""
+        self.deadline[p] = now + self.window(grace, listening)
+        return self.deadline[p]
+
+    def waiting(self, p: int) -> bool:
+        """A pull of fragment p is open (its round has not closed since)."""
+        return self.deadline[p] < math.inf
+
+    def due(self, p: int, now: float) -> bool:
+        return now >= self.deadline[p]
+
+    def closed(self, p: int) -> None:
+        self.deadline[p] = math.inf
