@@ -104,7 +104,7 @@ def test_a_scenario_of_every_fault_kind_runs_live_and_nothing_is_lost(tmp_path):
     out = tmp_path / "run"
     s, events, story = _run(
         out,
-        ["learners=5", "steps=300", "pace_s=0.05", f"chaos={scenario}", "eval=false"],
+        ["learners=5", "steps=450", "pace_s=0.05", f"chaos={scenario}", "eval=false"],
         timeout=300,
     )
     chaos = [(e["data"]["action"], e["data"]["process"]) for e in events if e["kind"] == "chaos"]

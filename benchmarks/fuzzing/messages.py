@@ -117,7 +117,10 @@ def fill(msg: Any, values: dict) -> Any:
     for k, v in values.items():
         f = msg.DESCRIPTOR.fields_by_name[k]
         if f.type == FD.TYPE_MESSAGE:
-            if f.is_repeated:
+            if f.message_type.GetOptions().map_entry:  # a map: its entries as key/value
+                for item in v:
+                    getattr(msg, k)[item.get("key", "")] = item.get("value", b"")
+            elif f.is_repeated:
                 for item in v:
                     fill(getattr(msg, k).add(), item)
             else:

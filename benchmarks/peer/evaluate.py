@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 import workload as wl
 
 EVAL_POINTS = 14  # global models evaluated per run (evenly spread, the last one always)

@@ -95,8 +95,15 @@ class Run:
             if self.scen["kill"]:
                 th.start()
             timed_out = False
+            timeline, next_sample = [], 0.0
             while True:
                 self.sys.poll(rd)
+                if islands and time.time() >= next_sample:  # link bytes over time (plots)
+                    next_sample = time.time() + 2.0
+                    d = _diff(before, [i.counters() for i in islands.islands])
+                    timeline.append({"t": time.time() - t0,
+                                     "tx": sum(x["tx_bytes"] for x in d),
+                                     "rx": sum(x["rx_bytes"] for x in d)})  # fmt: skip
                 alive = [p for p in self.procs.values() if p.poll() is None]
                 restarting = self.scen["kill"] and len(self.kills) and th.is_alive()
                 if not alive and not (restarting and self._restart_pending()):
@@ -127,6 +134,7 @@ class Run:
             "exit_codes": {r: p.returncode for r, p in self.procs.items()},
             "kills": self.kills,
             "link_bytes": _diff(before, after),
+            "link_timeline": timeline,
             "own": self.sys.own_bytes(rd),
         }
         return out

@@ -2,15 +2,18 @@
 learner of an earlier epoch saw was lost (mixed into SyncerProtocol; `on_join` uses these).
 
 A learner that reconnects asks to resume: it keeps its local progress when every version it is
-based on is still held, and heals (every fragment in full) otherwise. A learner that saw an
-earlier incarnation of the syncer (`other_epoch`) reports the newest versions it saw; any
-beyond what the restore brought back are committed rounds lost (`seen_check` events). A claim
-of more than SEEN_CLAIM_MAX versions beyond is a learner's bug, reported and not counted.
+based on is still held, and heals (every fragment in full) otherwise; a fresh learner's heal
+leaves out the fragments it already holds (its parameters' digests match: "held"). A learner
+that saw an earlier incarnation of the syncer (`other_epoch`) reports the newest versions it
+saw; any beyond what the restore brought back are committed rounds lost (`seen_check` events).
+A claim of more than SEEN_CLAIM_MAX versions beyond is a learner's bug, reported and not
+counted.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,6 +33,7 @@ class Admission:
     restored_versions: list[int]
     max_seen: list[int]
     full_frames: dict[int, tuple[torch.Tensor, bytes]]  # fragment -> (public value, frame)
+    digest_cache: dict[int, tuple[torch.Tensor, dict[str, bytes]]]  # -> (value, name: digest)
 
     def _full(self, p: int, included: tuple = (), at: float = 0.0) -> FragmentUpdate:
         """Fragment p's public value in full; its frame is encoded once per value (a storm
@@ -41,8 +45,25 @@ class Admission:
             hit = self.full_frames[p] = (value, codec.encode(value, "fp32"))
         return FragmentUpdate(p, v, "full", v, hit[1], included, at)
 
-    def heal_message(self) -> Heal:
-        return Heal(tuple(self._full(p) for p in range(self.plan.P)))
+    def heal_message(self, digests: Mapping[str, bytes] | None = None) -> Heal:
+        """Every fragment in full, except those a fresh learner already holds (all its tensors'
+        `digests` match the public value): "held", with no payload. A learner started from
+        the run's initial weights, as its peers were, then costs no model download."""
+        return Heal(tuple(self._held_or_full(p, digests) for p in range(self.plan.P)))
+
+    def _held_or_full(self, p: int, digests: Mapping[str, bytes] | None) -> FragmentUpdate:
+        if digests:
+            value = self.public[p]
+            hit = self.digest_cache.get(p)
+            if hit is None or hit[0] is not value:  # same identity rule as the frames
+                names = self.plan.fragments[p].names
+                parts = self.plan.split(p, value)
+                named = {n: codec.digest(t) for n, t in zip(names, parts, strict=True)}
+                hit = self.digest_cache[p] = (value, named)
+            if all(digests.get(n) == d for n, d in hit[1].items()):
+                v = self.version[p]
+                return FragmentUpdate(p, v, "held", v, b"", (), 0.0)
+        return self._full(p)
 
     def can_resume(self, r: Resume | None) -> bool:
         """A learner keeps its progress when every version it is based on is still held."""

@@ -54,6 +54,15 @@ class CodecError(ValueError):
     """A payload that cannot be decoded; the message says why."""
 
 
+def digest(t: torch.Tensor) -> bytes:
+    """blake2b-128 of a tensor's float32 bytes (C order): equal digests, equal values. A heal
+    skips fragments a fresh learner already holds (its Hello carries these by name)."""
+    import hashlib
+
+    data = t.detach().to(torch.float32).contiguous().reshape(-1).numpy().tobytes()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 def check_scheme(scheme: str, setting: str = "codec") -> str:
     if scheme not in SCHEMES:
         raise ConfigError(setting, scheme, f"one of {sorted(SCHEMES)}")

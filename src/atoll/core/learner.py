@@ -133,13 +133,18 @@ class LearnerProtocol:
 
     # -- inputs -----------------------------------------------------------------------------
     def on_heal(self, now: float, heal: Heal) -> list[Event]:
-        """Load every global fragment, overwrite the local parameters, reset counters."""
+        """Load every global fragment (a "held" one is the learner's own value), overwrite the
+        local parameters, reset counters."""
         self.latest = [torch.empty(0)] * self.plan.P
         self.latest_version = [-1] * self.plan.P
         for u in heal.updates:
-            if u.kind != "full":
-                raise ValueError("a heal carries full values only")
-            self.latest[u.fragment] = codec.decode(u.payload, self.plan.fragments[u.fragment].numel)
+            if u.kind == "held":  # our own value is the global one (digests matched)
+                self.latest[u.fragment] = self._flatten(u.fragment)
+            elif u.kind == "full":
+                numel = self.plan.fragments[u.fragment].numel
+                self.latest[u.fragment] = codec.decode(u.payload, numel)
+            else:
+                raise ValueError("a heal carries full or held values only")
             self.latest_version[u.fragment] = u.version
         if min(self.latest_version) < 0:
             raise ValueError("heal is missing fragments")

@@ -23,9 +23,9 @@ Closing a round for fragment p:
  3. each learner's outer gradient is taken against the current value:
         theta_m = Theta_pub[base_version] - delta_m ;  Delta_m = Theta_p - theta_m
  4. weights tokens^2/steps, merge (RDA, embeddings: weighted mean), outer step, version + 1;
- 5. the new value is sent to every live learner: in full (fp32), or as the change
-    of the public value quantized with `down_codec` (default int4); the syncer keeps the exact Theta and the
-    learners' public copy separately, so what is not sent is carried into the next broadcast
+ 5. the new value is sent to every live learner: in full (fp32), or as the change of the
+    public value quantized with `down_codec` (default int4); the syncer keeps the exact Theta
+    and the learners' public copy separately, so what is not sent is carried into the next broadcast
     (error feedback held on the syncer) and the global parameters are never degraded.
 """
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ from atoll.core import codec
 from atoll.core.admission import Admission
 from atoll.core.checks import STEP_TIME_MAX, check_contribution
 from atoll.core.counters import token_weight
-from atoll.core.pacing import PullRounds
+from atoll.core.delivery import Delivery
 from atoll.core.events import (
     Accepted,
     Event,
@@ -70,6 +71,7 @@ from atoll.core.messages import (
     SetTimer,
 )
 from atoll.core.outer import OuterOptimizer, OuterState
+from atoll.core.pacing import PullRounds
 from atoll.core.state import DurableState
 from atoll.errors import ConfigError
 
@@ -122,7 +124,7 @@ class _Pending:
     arrived: float
 
 
-class SyncerProtocol(Admission, DurableState):
+class SyncerProtocol(Admission, Delivery, DurableState):
     def __init__(
         self, plan: FragmentPlan, init: list[torch.Tensor], config: SyncerConfig | None = None
     ) -> None:
@@ -159,6 +161,7 @@ class SyncerProtocol(Admission, DurableState):
         self.restored_versions = [0] * plan.P  # versions when this process started
         self.max_seen = [-1] * plan.P  # newest versions learners of earlier epochs had seen
         self.full_frames: dict[int, tuple[torch.Tensor, bytes]] = {}  # heals: encoded once
+        self.digest_cache: dict[int, tuple[torch.Tensor, dict[str, bytes]]] = {}
 
     # -- membership --------------------------------------------------------------------------
     def on_join(
@@ -168,9 +171,11 @@ class SyncerProtocol(Admission, DurableState):
         resume: Resume | None = None,
         incarnation: str | None = None,
         listening: bool = True,
+        digests: Mapping[str, bytes] | None = None,
     ) -> list:
-        """Admit `learner`: it heals (every fragment in full), or, asking to `resume` with
-        base versions still held, keeps its progress and gets the fragments it lacks.
+        """Admit `learner`: it heals (every fragment in full, but those whose parameters'
+        `digests` show it holds them already), or, asking to `resume` with base versions
+        still held, keeps its progress and gets the fragments it lacks.
         `listening=False`: its pull channel opens later (`on_listening`)."""
         out: list = [] if resume is None else self._seen_check(now, learner, resume)
         heal = not self.can_resume(resume)
@@ -181,7 +186,7 @@ class SyncerProtocol(Admission, DurableState):
         else:
             self.listening.discard(learner)
         if heal:
-            msg: Heal | Resumed = self.heal_message()
+            msg: Heal | Resumed = self.heal_message(digests)
         else:
             assert resume is not None
             lacking = [p for p in range(self.plan.P) if self.version[p] > resume.latest_versions[p]]
@@ -385,27 +390,3 @@ class SyncerProtocol(Admission, DurableState):
         is committed; its contributions are dropped and the learners send again."""
         self._reset_round(p)
         return [Event(now, "syncer", MergeRefused(p, ids, reason))]
-
-    # -- delivery ----------------------------------------------------------------------------
-    def coalesce(self, old: FragmentUpdate, new: FragmentUpdate) -> FragmentUpdate:
-        """One update in place of two of the same fragment that a learner has not yet been
-        sent: the newer one, listing what both included; when the newer is a delta it no
-        longer chains, so the public value of its version goes in full instead."""
-        included = tuple(dict.fromkeys(old.included + new.included))
-        if new.kind == "delta":
-            value = self.history[new.fragment].get(new.version)
-            if value is None:
-                raise ValueError(
-                    f"version {new.version} of fragment {new.fragment} is no longer held"
-                )
-            full = codec.encode(value, "fp32")
-            return dataclasses.replace(new, kind="full", payload=full, included=included)
-        return dataclasses.replace(new, included=included)
-
-    def global_params(self) -> dict[str, torch.Tensor]:
-        """The exact global parameters by name (copies)."""
-        out = {}
-        for p, f in enumerate(self.plan.fragments):
-            for name, t in zip(f.names, self.plan.split(p, self.theta[p]), strict=True):
-                out[name] = t.clone()
-        return out

@@ -31,6 +31,7 @@ import torch
 
 from atoll import metrics
 from atoll.config import SimConfig
+from atoll.core import codec
 from atoll.core.codec import ContributionEncoder
 from atoll.core.events import Blocked, Event, Failed, Reconnected, Rejoined, Sent
 from atoll.core.fragments import make_plan
@@ -335,7 +336,9 @@ class DecoupledSim(FaultInjection):
     def run(self) -> RunResult:
         for lr in self.learners:
             if lr.state != "absent":  # (added late by the scenario)
-                self._syncer_outputs(0.0, self.syncer.on_join(0.0, lr.id))
+                # started from the run's initial weights, as a live learner's Hello shows
+                held = {n: codec.digest(p) for n, p in lr.model.named_parameters()}
+                self._syncer_outputs(0.0, self.syncer.on_join(0.0, lr.id, digests=held))
         self.schedule_faults()
         while self.queue:
             now, _, kind, args = heapq.heappop(self.queue)

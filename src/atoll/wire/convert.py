@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 from atoll.core.codec import MAX_NUMEL
 from atoll.core.fragments import Fragment, FragmentPlan
@@ -26,7 +27,7 @@ from atoll.wire import atoll_pb2 as pb
 from atoll.wire.chunks import TransferError, crc32
 
 SENT_AT_WINDOW_S = 600.0  # a contribution's send time is taken within this much of arrival
-UPDATE_KINDS = ("full", "delta")
+UPDATE_KINDS = ("full", "delta", "held")
 
 
 class MessageError(TransferError):
@@ -207,11 +208,19 @@ def learner_config_from_welcome(w: pb.Welcome, block: bool = True) -> LearnerCon
     return cfg
 
 
-def hello(learner: str, incarnation: str, resume: Resume | None, epoch: str = "") -> pb.Hello:
-    """A Join's Hello: a fresh learner (`resume` None), or one with a past (`epoch`: the
-    syncer epoch its versions came from)."""
+def hello(
+    learner: str,
+    incarnation: str,
+    resume: Resume | None,
+    epoch: str = "",
+    digests: Mapping[str, bytes] | None = None,
+) -> pb.Hello:
+    """A Join's Hello: a fresh learner (`resume` None; `digests` of its parameters by name,
+    `codec.digest`), or one with a past (`epoch`: the syncer epoch its versions came from)."""
     if resume is None:
-        return pb.Hello(protocol=PROTOCOL, learner=learner, incarnation=incarnation)
+        return pb.Hello(
+            protocol=PROTOCOL, learner=learner, incarnation=incarnation, digests=digests or {}
+        )
     return pb.Hello(
         protocol=PROTOCOL,
         learner=learner,
@@ -221,6 +230,17 @@ def hello(learner: str, incarnation: str, resume: Resume | None, epoch: str = ""
         latest_versions=list(resume.latest_versions),
         epoch=epoch,
     )
+
+
+DIGESTS_MAX = 1 << 16  # tensors a Hello may name; more (or odd sizes) and none are used
+
+
+def digests_from_hello(h: pb.Hello) -> dict[str, bytes]:
+    """A fresh learner's parameter digests (never raises: anything odd means none)."""
+    d = h.digests
+    if len(d) > DIGESTS_MAX or any(len(v) != 16 for v in d.values()):
+        return {}
+    return dict(d)
 
 
 def resume_from_hello(h: pb.Hello, epoch: str) -> Resume | None:

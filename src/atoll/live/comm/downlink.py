@@ -44,8 +44,8 @@ class Downlink:
         with link.lock:
             force, link.force_heal = link.force_heal, False
         st = link.state
-        if st is None:  # nothing trained yet: a fresh learner
-            return convert.hello(link.id, link.o.incarnation, None)
+        if st is None:  # nothing trained yet: a fresh learner, its parameters as they started
+            return convert.hello(link.id, link.o.incarnation, None, digests=dict(link.o.digests))
         past = Resume(tuple(st.base_versions), tuple(st.latest_versions), keep_progress=not force)
         return convert.hello(link.id, link.o.incarnation, past, link.epoch)
 
@@ -150,6 +150,8 @@ class Downlink:
 def _completed(
     u: FragmentUpdate, heal: bool, parts: list[FragmentUpdate], expect: int
 ) -> Iterator[FromComm]:
+    if u.kind == "held" and not heal:
+        raise convert.MessageError("UpdateHeader.kind", u.kind, "'held' only in a heal")
     if heal:
         parts.append(u)
         if len(parts) == expect:

@@ -44,6 +44,7 @@ from collections import deque
 
 import torch
 
+from atoll.core import codec
 from atoll.core.fragments import FlatFragments
 from atoll.core.learner import LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
@@ -160,6 +161,7 @@ class Learner:
             heartbeat_s=heartbeat_s,
             events_path=str(self.events.path) if self.events.path else None,
             faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
+            digests=tuple((n, codec.digest(p)) for n, p in self.params.items()),
         )
         self.port: ThreadPort | ProcessPort | ClosedPort = (
             ProcessPort(opts, sum(t.numel() for t in self.params.values()), len(self.params))

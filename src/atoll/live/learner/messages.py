@@ -47,6 +47,9 @@ class CommOptions:
     nice: int = 10  # child process only: added niceness (measured: fewer preemptions)
     parent_pid: int = 0  # child process only: the training process (no beats while stopped)
     faults_path: str | None = None  # chaos: link faults written by the launcher (comm/faults)
+    # the parameters' digests by name at start (codec.digest): a fresh learner's first heal
+    # leaves out the fragments it already holds
+    digests: tuple[tuple[str, bytes], ...] = ()
 
 
 # -- down: training -> communication ---------------------------------------------------------

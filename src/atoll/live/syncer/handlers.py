@@ -67,7 +67,10 @@ class Handlers(pbg.SyncerServicer):
                 # an epoch this syncer never had (another run, a bug): nothing to check it by
                 resume = dataclasses.replace(resume, other_epoch=False)
             listening = rt.can_hear(hello.learner, hello.incarnation)
-            outs = rt.proto.on_join(now, hello.learner, resume, hello.incarnation, listening)
+            digests = convert.digests_from_hello(hello) if resume is None else None
+            outs = rt.proto.on_join(
+                now, hello.learner, resume, hello.incarnation, listening, digests
+            )
             old = rt.sessions.pop(hello.learner, None)
             if old is not None:
                 old.close()

@@ -1,0 +1,193 @@
+"""The peer benchmark's figures from its results.json: per scenario and system, medians over
+the repeats of time to the target eval loss, eval loss at equal tokens (the end of the budget)
+and at equal wall time, bytes on the learners' interfaces per trained token, atoll's own byte
+accounting against the interfaces, goodput; the ratios the issue asks for; two plots.
+
+    python benchmarks/peer/report.py benchmarks/results/peer
+
+The target is fixed from the data before looking at atoll: 1.02 x the median final eval loss
+of torchft without faults (scenario a), i.e. a loss torchft reaches near the end of its run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics as st
+import sys
+from pathlib import Path
+
+SCEN = {
+    "a": "no faults",
+    "b": "one learner 2x slower",
+    "c": "a learner SIGKILLed every 30 s, back 5 s later",
+    "d": "every link shaped",
+    "e": "shaped + straggler + kills",
+}
+
+
+def interp_time(curve: list[dict], target: float) -> float | None:
+    """First wall time at which the eval curve reaches `target` (linear between evaluations)."""
+    prev = None
+    for c in curve:
+        if c["eval_loss"] <= target:
+            if prev is None:
+                return c["t"]
+            f = (prev["eval_loss"] - target) / max(prev["eval_loss"] - c["eval_loss"], 1e-12)
+            return prev["t"] + f * (c["t"] - prev["t"])
+        prev = c
+    return None
+
+
+def loss_at(curve: list[dict], t: float) -> float:
+    """The eval loss of the newest global model saved by time t."""
+    best = curve[0]["eval_loss"] if curve else float("nan")
+    for c in curve:
+        if c["t"] <= t:
+            best = c["eval_loss"]
+    return best
+
+
+def med(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return st.median(xs) if xs else None
+
+
+def dp_bytes_per_token(work: dict, n_params: int) -> float:
+    """A data-parallel ring all-reduce of fp32 gradients every step: each learner sends and
+    receives 2(M-1)/M * 4N bytes per step; over all links, tx + rx per trained token."""
+    M, tps = work["learners"], work["batch"] * work["context"]
+    return 2 * M * (2 * (M - 1) / M * 4 * n_params) / (M * tps)
+
+
+def summarize(res: dict, n_params: int) -> dict:
+    runs = res["runs"]
+    by = {}
+    for r in runs:
+        by.setdefault((r["scenario"], r["system"]), []).append(r)
+    tf_a = [r["final_eval"] for r in by.get(("a", "torchft"), [])]
+    target = round(1.02 * st.median(tf_a), 3) if tf_a else None
+    dp = dp_bytes_per_token(res["work"], n_params)
+    out = {"target_eval_loss": target, "dp_bytes_per_token": dp, "scenarios": {}}
+    for sc in SCEN:
+        row = {}
+        pairs = {}
+        for sysname in ("atoll", "torchft"):
+            rs = by.get((sc, sysname), [])
+            if not rs:
+                continue
+            for r in rs:
+                pairs.setdefault(r["repeat"], {})[sysname] = r
+            lt = [r.get("link_total") for r in rs]
+            pairs_lt = zip(lt, rs, strict=True)
+            bpt = [(x["tx"] + x["rx"]) / r["tokens_trained"] for x, r in pairs_lt if x]
+            row[sysname] = {
+                "repeats": len(rs),
+                "wall_s": med([r["wall_s"] for r in rs]),
+                "time_to_target_s": med([interp_time(r["curve"], target) for r in rs]),
+                "reached": sum(interp_time(r["curve"], target) is not None for r in rs),
+                "final_eval": med([r["final_eval"] for r in rs]),
+                "link_bytes_per_token": med(bpt),
+                "link_up_MB": med([x["tx"] / 1e6 for x in lt if x]),
+                "link_down_MB": med([x["rx"] / 1e6 for x in lt if x]),
+                "goodput": med([r["goodput"] for r in rs]),
+            }
+            if sysname == "atoll":
+                own = [(r["own"].get("up"), r["own"].get("down"), r.get("link_total")) for r in rs]
+                row[sysname]["own_up_over_link"] = med([u / x["tx"] for u, d, x in own if u and x])
+                row[sysname]["own_down_over_link"] = med(
+                    [d / x["rx"] for u, d, x in own if d and x]
+                )
+        # eval loss at equal wall time: each repeat's pair at the earlier of the two ends
+        eq = {"atoll": [], "torchft": []}
+        for pr in pairs.values():
+            if len(pr) == 2:
+                t = min(pr["atoll"]["wall_s"], pr["torchft"]["wall_s"])
+                for k in eq:
+                    eq[k].append(loss_at(pr[k]["curve"], t))
+        for k in eq:
+            if k in row:
+                row[k]["eval_at_equal_wall"] = med(eq[k])
+        if "atoll" in row and "torchft" in row:
+            a, t = row["atoll"], row["torchft"]
+            ratio = lambda x, y: (x / y) if x and y else None  # noqa: E731
+            row["speedup_to_target"] = ratio(t["time_to_target_s"], a["time_to_target_s"])
+            row["final_eval_gap"] = (a["final_eval"] - t["final_eval"]) / t["final_eval"]
+            row["fewer_bytes_than_torchft"] = ratio(t["link_bytes_per_token"],
+                                                    a["link_bytes_per_token"])  # fmt: skip
+            row["fewer_bytes_than_dp"] = ratio(out["dp_bytes_per_token"], a["link_bytes_per_token"])
+        out["scenarios"][sc] = row
+    return out
+
+
+def plots(res: dict, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scs = [s for s in SCEN if any(r["scenario"] == s for r in res["runs"])]
+    colors = {"atoll": "tab:blue", "torchft": "tab:orange"}
+    for kind in ("wall", "bytes"):
+        fig, axes = plt.subplots(1, len(scs), figsize=(4 * len(scs), 3.4), squeeze=False)
+        for ax, sc in zip(axes[0], scs, strict=True):
+            for r in res["runs"]:
+                if r["scenario"] != sc or not r["curve"]:
+                    continue
+                ys = [c["eval_loss"] for c in r["curve"]]
+                if kind == "wall":
+                    xs = [c["t"] for c in r["curve"]]
+                else:
+                    tl = r.get("link_timeline") or []
+                    if not tl:
+                        continue
+                    xs = [_bytes_at(tl, c["t"]) / 1e6 for c in r["curve"]]
+                ax.plot(xs, ys, color=colors[r["system"]], alpha=0.7,
+                        label=r["system"] if r["repeat"] == 0 else None)  # fmt: skip
+            ax.set_title(f"({sc}) {SCEN[sc]}", fontsize=8)
+            ax.set_xlabel("wall time (s)" if kind == "wall" else "MB on the links (tx + rx)")
+            ax.set_ylim(top=3.2)
+            if kind == "bytes":
+                ax.set_xscale("log")
+            ax.legend(fontsize=7)
+        axes[0][0].set_ylabel("eval loss (nats/byte)")
+        fig.tight_layout()
+        fig.savefig(folder / f"loss_vs_{kind}.png", dpi=110)
+        plt.close(fig)
+
+
+def _bytes_at(tl: list[dict], t: float) -> float:
+    last = 0.0
+    for x in tl:
+        if x["t"] > t:
+            break
+        last = x["tx"] + x["rx"]
+    return last
+
+
+def main() -> int:
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/peer")
+    res = json.loads((folder / "results.json").read_text())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import workload as wl
+
+    w = wl.Work(**res["work"])
+    n = sum(p.numel() for p in wl.build_model(w).parameters())
+    summary = summarize(res, n)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    plots(res, folder)
+    print(f"target eval loss {summary['target_eval_loss']}; data-parallel "
+          f"{summary['dp_bytes_per_token']:.0f} B/token")  # fmt: skip
+    for sc, row in summary["scenarios"].items():
+        print(f"({sc}) {SCEN[sc]}")
+        for k, v in row.items():
+            if isinstance(v, dict):
+                print(f"   {k:8s} " + "  ".join(
+                    f"{kk}={vv:.4g}" if isinstance(vv, float) else f"{kk}={vv}"
+                    for kk, vv in v.items()))  # fmt: skip
+            else:
+                print(f"   {k} = {v if v is None else round(v, 3)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

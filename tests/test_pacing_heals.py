@@ -1,0 +1,129 @@
+"""The pull schedule's answer window (core/pacing.py) and heals that leave out what a fresh
+learner already holds (digests in its Hello), on the core state machines."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from atoll.config import SimConfig
+from atoll.core import codec
+from atoll.core.events import Event
+from atoll.core.learner import LearnerProtocol
+from atoll.core.messages import Contribution, Heal, Progress, Pull, Send, SetTimer
+from atoll.core.syncer import SyncerProtocol
+from atoll.model.recipe import builtin_plan
+
+CFG = SimConfig(
+    learners=3, P=3, H=3, tau=2, quorum=1, grace=True, codec="int4", schedule="pull",
+    n_layer=1, d_model=8, n_head=2, context=8, batch=2, data_bytes=200_000, eval_batches=1,
+)  # fmt: skip
+
+
+def syncer(**kw) -> SyncerProtocol:
+    plan, init = builtin_plan(CFG)
+    return SyncerProtocol(plan, init, dataclasses.replace(CFG.syncer_config(), **kw))
+
+
+def closed(out) -> list:
+    return [o.data for o in out if isinstance(o, Event) and o.kind == "round_closed"]
+
+
+def answer(s, lid, p, t, step_time=1.0):
+    n = s.plan.fragments[p].numel
+    payload = codec.encode(1e-3 * torch.randn(n), "int4")
+    return s.on_contribution(t, Contribution(lid, p, 1, 0, payload, 1, 64, t - 0.01, step_time))
+
+
+def started(s, ids, step_times):
+    for lid in ids:
+        s.on_join(0.0, lid)
+    out = []
+    for lid, st in zip(ids, step_times, strict=True):
+        out += s.on_progress(0.5, Progress(lid, 1, st, 0.5, st))
+    return out
+
+
+def test_a_pulled_round_waits_for_every_learner_within_its_answer_window():
+    """Three learners, one 1.5x slower: all three answers arrive within a step and a half of
+    the pull, and they make one round. Before, the round closed a grace window after the
+    first answer (here 0.5 s: gamma * slack) and each late answer made a round of its own."""
+    s = syncer()
+    out = started(s, ["L0", "L1", "L2"], [1.0, 1.0, 1.5])
+    assert [o.key for o in out if isinstance(o, SetTimer)] == [("pull", 0)]
+    out = s.on_timer(1.0, ("pull", 0))
+    pulls = [o for o in out if isinstance(o, Send) and isinstance(o.message, Pull)]
+    p = pulls[0].message.fragment
+    deadline = [o.at for o in out if isinstance(o, SetTimer) and o.key[0] == "close"]
+    assert deadline and deadline[0] >= 1.0 + 1.5  # the slowest learner's step time
+    assert not closed(answer(s, "L0", p, 1.3))
+    assert not closed(answer(s, "L1", p, 1.9))  # past the old grace window
+    rounds = closed(answer(s, "L2", p, 2.4))  # everyone: at once
+    assert len(rounds) == 1 and rounds[0].participants == ["L0", "L1", "L2"]
+
+
+def test_at_the_deadline_the_round_closes_and_a_late_answer_is_merged_alone():
+    s = syncer()
+    started(s, ["L0", "L1"], [1.0, 1.0])
+    out = s.on_timer(1.0, ("pull", 0))
+    p = next(o.message.fragment for o in out if isinstance(o, Send))
+    (at,) = [o.at for o in out if isinstance(o, SetTimer) and o.key[0] == "close"]
+    answer(s, "L0", p, 1.2)
+    rounds = closed(s.on_timer(at, ("close", p, s.round_id[p])))
+    assert len(rounds) == 1 and rounds[0].participants == ["L0"]
+    out = answer(s, "L1", p, at + 5.0)  # far too late: the push rule (quorum, grace window)
+    assert closed(out) or any(isinstance(o, SetTimer) for o in out)
+
+
+def test_without_grace_a_pulled_round_closes_at_the_quorum():
+    s = syncer(grace=False)
+    started(s, ["L0", "L1"], [1.0, 1.0])
+    out = s.on_timer(1.0, ("pull", 0))
+    assert not [o for o in out if isinstance(o, SetTimer) and o.key[0] == "close"]
+    p = next(o.message.fragment for o in out if isinstance(o, Send))
+    assert len(closed(answer(s, "L0", p, 1.2))) == 1
+
+
+def _learner(s, lid="L9"):
+    model_params = {n: t.clone() for n, t in zip(*_named(s), strict=True)}
+    return LearnerProtocol(lid, s.plan, model_params, CFG.learner_config()), model_params
+
+
+def _named(s):
+    names, tensors = [], []
+    for p, f in enumerate(s.plan.fragments):
+        names += list(f.names)
+        tensors += list(s.plan.split(p, s.public[p]))
+    return names, tensors
+
+
+def test_a_fresh_learner_holding_the_global_weights_is_healed_without_payload():
+    s = syncer()
+    names, tensors = _named(s)
+    digests = {n: codec.digest(t) for n, t in zip(names, tensors, strict=True)}
+    (heal,) = [o.message for o in s.on_join(0.0, "L9", digests=digests) if isinstance(o, Send)]
+    assert isinstance(heal, Heal) and {u.kind for u in heal.updates} == {"held"}
+    assert heal.nbytes == 0
+    lp, params = _learner(s)
+    before = {n: t.clone() for n, t in params.items()}
+    lp.on_heal(0.0, heal)
+    assert lp.base_version == s.version and lp.healed
+    assert all(torch.equal(params[n], before[n]) for n in params)
+
+
+def test_a_heal_sends_in_full_what_changed_and_what_does_not_match():
+    s = syncer()
+    names, tensors = _named(s)
+    digests = {n: codec.digest(t) for n, t in zip(names, tensors, strict=True)}
+    s.on_join(0.0, "L0")
+    answer(s, "L0", 0, 1.0)
+    s.close_all(2.0)  # fragment 0 moves to version 1
+    assert s.version[0] == 1
+    (heal,) = [o.message for o in s.on_join(3.0, "L9", digests=digests) if isinstance(o, Send)]
+    kinds = {u.fragment: u.kind for u in heal.updates}
+    assert kinds[0] == "full" and all(kinds[p] == "held" for p in range(1, s.plan.P))
+    wrong = {n: b"\0" * 16 for n in digests}
+    (heal,) = [o.message for o in s.on_join(3.0, "L8", digests=wrong) if isinstance(o, Send)]
+    assert {u.kind for u in heal.updates} == {"full"}
+    assert heal.nbytes == s.heal_message().nbytes > 0
