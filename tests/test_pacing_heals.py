@@ -127,3 +127,25 @@ def test_a_heal_sends_in_full_what_changed_and_what_does_not_match():
     (heal,) = [o.message for o in s.on_join(3.0, "L8", digests=wrong) if isinstance(o, Send)]
     assert {u.kind for u in heal.updates} == {"full"}
     assert heal.nbytes == s.heal_message().nbytes > 0
+
+
+def test_a_link_slower_than_the_overlap_is_reported_once_as_the_bottleneck():
+    s = syncer()
+    started(s, ["L0", "L1"], [1.0, 1.0])
+    n = s.plan.fragments[0].numel
+
+    def upload(lid, t, took):
+        c = Contribution(lid, 0, 1, 0, codec.encode(1e-3 * torch.randn(n), "int4"), 1, 64,
+                         t - took, 1.0)  # fmt: skip
+        return [o.data for o in s.on_contribution(t, c) if isinstance(o, Event)
+                and o.kind == "link_bottleneck"]  # fmt: skip
+
+    assert upload("L0", 1.0, 0.1) == [] and upload("L1", 1.0, 0.1) == []
+    seen = [upload("L1", 10.0 + k, 3.0) for k in range(10)]  # 3 s against tau * step = 2 s
+    hits = [e for evs in seen for e in evs]
+    assert len(hits) == 1 and hits[0].learner == "L1"  # once, when the average crossed 2 s
+    assert 2.0 < hits[0].upload_s < 3.0 and hits[0].overlap_s == 2.0
+    assert not any(upload("L0", 30.0, 0.1) for _ in range(3))  # the other link is fine
+    for k in range(12):  # back to 0.1 s uploads: below half the overlap, then slow again
+        upload("L1", 30.0 + k, 0.1)
+    assert sum(len(upload("L1", 50.0 + k, 3.0)) for k in range(10)) == 1

@@ -17,6 +17,8 @@ Protocol (atoll.core):
                     staleness [rounds], quorum_wait_s, grace_s, bytes_in, bytes_out
     merge_refused   syncer dropped a round whose merge was not finite: fragment,
                     participants, reason (nothing committed)
+    link_bottleneck syncer: a learner's uploads now take longer than the tau-step overlap (its
+                    link, not its compute, sets its pace): learner, upload_s, overlap_s
     healed          learner loaded every global fragment: [versions, incarnation, since_start_s]
     applied         learner applied a global fragment: fragment, version, mode
 Drivers (virtual-time and live learners):
@@ -134,6 +136,13 @@ class MergeRefused(Record):
     fragment: int
     participants: list
     reason: str
+
+
+@_kind("link_bottleneck")
+class LinkBottleneck(Record):
+    learner: str
+    upload_s: float
+    overlap_s: float
 
 
 @_kind("healed")

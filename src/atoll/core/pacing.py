@@ -33,12 +33,34 @@ class PullRounds:
     def __init__(self, P: int) -> None:
         self.deadline = [math.inf] * P  # when the open pull of each fragment closes
         self.step_of: dict[str, float] = {}  # learner -> its reported step time
+        self.uploads: dict[str, float] = {}  # learner -> average upload time (EMA 0.2)
+        self.slow_links: set[str] = set()  # learners whose link is the bottleneck now
+
+    def upload(self, learner: str, seconds: float, grace: GracePolicy) -> float | None:
+        """A contribution took `seconds` from its step boundary to the syncer. Returns the
+        learner's average upload time when its link has just become the bottleneck: uploads
+        slower than the tau-step overlap, so no answer can come back in time (again only
+        after it fell below half of that)."""
+        ema = self.uploads.get(learner)
+        ema = seconds if ema is None else 0.8 * ema + 0.2 * seconds
+        self.uploads[learner] = ema
+        if grace.step.value is None:
+            return None
+        overlap = grace.tau * grace.step.value
+        if ema > overlap and learner not in self.slow_links:
+            self.slow_links.add(learner)
+            return ema
+        if ema < overlap / 2:
+            self.slow_links.discard(learner)
+        return None
 
     def observe(self, learner: str, step_time: float) -> None:
         self.step_of[learner] = step_time
 
     def forget(self, learner: str) -> None:
         self.step_of.pop(learner, None)
+        self.uploads.pop(learner, None)
+        self.slow_links.discard(learner)
 
     def window(self, grace: GracePolicy, listening: set[str]) -> float:
         step = grace.step.value or 1.0

@@ -48,6 +48,7 @@ from atoll.core.events import (
     Accepted,
     Event,
     Joined,
+    LinkBottleneck,
     Lost,
     MergeRefused,
     Refused,
@@ -244,7 +245,12 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             theta_m, weight, c, self.version[p] - c.base_version, len(c.payload), now
         )
         accepted = Accepted(c.learner, p, c.seq, len(c.payload), c.work_s)
-        return [Event(now, "syncer", accepted), *self._maybe_close(now, p)]
+        out: list = [Event(now, "syncer", accepted)]
+        slow = self.pulled.upload(c.learner, max(now - c.sent_at, 0.0), self.grace)
+        if slow is not None:
+            overlap = self.grace.tau * (self.grace.step.value or 0.0)
+            out.append(Event(now, "syncer", LinkBottleneck(c.learner, slow, overlap)))
+        return out + self._maybe_close(now, p)
 
     def _held(self, p: int) -> OrderedDict[int, torch.Tensor] | None:
         return self.history[p] if 0 <= p < self.plan.P else None

@@ -73,4 +73,7 @@ def print_summary(s: dict) -> None:
         f"{s['threads_died']} threads died (each: restarted; see events.jsonl)",
         f"results          {s['run_dir']}/summary.json, events.jsonl",
     ]
+    for lid, up in sorted(s.get("link_bottleneck", {}).items()):
+        lines.insert(-1, f"link bottleneck  {lid}: uploads took {up:.2f} s, longer than the "
+                     "tau-step overlap; its link, not its compute, set its pace")  # fmt: skip
     print("\n".join(lines), flush=True)

@@ -48,6 +48,9 @@ def summarize(
     dp_steps = tokens / (M * scfg.batch * scfg.context)
     rejoins, down = metrics.rejoin_times(events)
     chaos = [e.data for e in events if e.kind == "chaos"]
+    slow_links = {
+        e.data.learner: round(e.data.upload_s, 3) for e in events if e.kind == "link_bottleneck"
+    }
     return {
         "name": "live",
         "method": "decoupled_live",
@@ -64,6 +67,9 @@ def summarize(
         **{k: stats[k] for k in ("rounds", "participants_mean", "participants_hist")},
         **{k: stats[k] for k in ("staleness_mean", "staleness_max")},
         "down_s": down,
+        # learners whose uploads took longer than the tau-step overlap (their link set their
+        # pace): learner -> average upload seconds when it was first seen
+        "link_bottleneck": slow_links,
         "failures": sum(1 for c in chaos if c.process != "syncer"),
         "syncer_kills": sum(1 for c in chaos if c.process == "syncer"),
         "rejoin_times_s": rejoins,
