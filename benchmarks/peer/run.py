@@ -103,7 +103,10 @@ class Run:
                     d = _diff(before, [i.counters() for i in islands.islands])
                     timeline.append({"t": time.time() - t0,
                                      "tx": sum(x["tx_bytes"] for x in d),
-                                     "rx": sum(x["rx_bytes"] for x in d)})  # fmt: skip
+                                     "rx": sum(x["rx_bytes"] for x in d),
+                                     "rss_server_mb": _rss_mb(srv.pid),
+                                     "rss_learners_mb": sum(_rss_mb(p.pid) for p in
+                                                            self.procs.values())})  # fmt: skip
                 alive = [p for p in self.procs.values() if p.poll() is None]
                 restarting = self.scen["kill"] and len(self.kills) and th.is_alive()
                 if not alive and not (restarting and self._restart_pending()):
@@ -142,6 +145,22 @@ class Run:
     def _restart_pending(self) -> bool:
         last = self.kills[-1]
         return time.time() - last["t"] < self.a.restart_after + 2
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants (a learner's communication child)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return round(total, 1)
 
 
 def _diff(before, after):
