@@ -91,10 +91,33 @@ def test_coalescing_keeps_the_newest_and_falls_back_to_full_for_deltas():
     new = ups[0]
     assert new.kind == "delta"
     old = FragmentUpdate(0, 2, "delta", 1, b"x", (("L1", 4),), 0.0)
-    merged = syncer.coalesce(old, new)
+    (merged,) = syncer.coalesce((old,), new)  # does not chain (version 2, new based on 3)
     assert merged.kind == "full" and merged.version == new.version
     assert torch.equal(codec.decode(merged.payload), syncer.public[0])
     assert merged.included == (("L1", 4), ("L0", 9))
+
+
+def test_queued_deltas_that_chain_stay_deltas_until_they_outweigh_a_full_frame():
+    plan, syncer, _ = setup(down_codec="int4")
+    ups = []
+    for k in range(12):
+        out = syncer.on_contribution(9.0 + k, _contrib(plan, "L0", 0, 9 + k, syncer.version[0]))
+        ups += [o.message for o in sends(out)]
+    chain = (ups[0],)
+    for u in ups[1:]:
+        nxt = syncer.coalesce(chain, u)
+        if len(nxt) == 1:  # fell back: the newest version in full
+            assert nxt[0].kind == "full" and nxt[0].version == u.version
+            assert sum(len(x.payload) for x in (*chain, u)) > 4 * plan.fragments[0].numel
+            break
+        assert nxt == (*chain, u)  # each delta based on the one before it
+        chain = nxt
+    else:
+        raise AssertionError("12 int4 deltas never outweighed one fp32 frame")
+    value = syncer.history[0][chain[0].base_version].clone()
+    for u in chain:  # applied one by one, the learner's copy is exact
+        value = value + codec.decode(u.payload, plan.fragments[0].numel)
+    assert torch.equal(value, syncer.history[0][chain[-1].version])
 
 
 def test_close_all_merges_every_open_round():

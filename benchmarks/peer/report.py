@@ -97,6 +97,14 @@ def summarize(res: dict, n_params: int) -> dict:
                 row[sysname]["own_down_over_link"] = med(
                     [d / x["rx"] for u, d, x in own if d and x]
                 )
+                wire = [(r["own"].get("wire_up"), r["own"].get("wire_down"), r.get("link_total"))
+                        for r in rs]  # fmt: skip
+                row[sysname]["wire_up_over_link"] = med(
+                    [u / x["tx"] for u, d, x in wire if u and x]
+                )
+                row[sysname]["wire_down_over_link"] = med(
+                    [d / x["rx"] for u, d, x in wire if d and x]
+                )
         # eval loss at equal wall time: each repeat's pair at the earlier of the two ends
         eq = {"atoll": [], "torchft": []}
         for pr in pairs.values():

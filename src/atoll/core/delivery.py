@@ -1,5 +1,6 @@
-"""What the syncer hands its driver for delivery (mixed into SyncerProtocol): one update in
-place of two that a learner has not yet been sent, and the exact global parameters."""
+"""What the syncer hands its driver for delivery (mixed into SyncerProtocol): what a learner
+is sent for a fragment when updates queue up for it (a slow link), and the exact global
+parameters."""
 
 from __future__ import annotations
 
@@ -18,20 +19,27 @@ class Delivery:
     theta: list[torch.Tensor]
     history: list[OrderedDict[int, torch.Tensor]]
 
-    def coalesce(self, old: FragmentUpdate, new: FragmentUpdate) -> FragmentUpdate:
-        """One update in place of two of the same fragment that a learner has not yet been
-        sent: the newer one, listing what both included; when the newer is a delta it no
-        longer chains, so the public value of its version goes in full instead."""
-        included = tuple(dict.fromkeys(old.included + new.included))
+    def coalesce(
+        self, queued: tuple[FragmentUpdate, ...], new: FragmentUpdate
+    ) -> tuple[FragmentUpdate, ...]:
+        """What a learner is sent for one fragment in place of `queued` (not yet sent) and
+        `new`, in order. A delta that chains onto the last queued one joins the queue while
+        the queue stays smaller than the fragment in fp32: each applies exactly on the one
+        before it, so a slow link still gets int4 deltas. Beyond that, or when it does not
+        chain, one update of the newest version in full, listing what they all included."""
+        chain = (*queued, new)
+        p = new.fragment
+        if new.kind == "delta" and queued[-1].version == new.base_version:
+            if sum(len(u.payload) for u in chain) <= 4 * self.plan.fragments[p].numel:
+                return chain
+        included = tuple(dict.fromkeys(i for u in chain for i in u.included))
         if new.kind == "delta":
-            value = self.history[new.fragment].get(new.version)
+            value = self.history[p].get(new.version)
             if value is None:
-                raise ValueError(
-                    f"version {new.version} of fragment {new.fragment} is no longer held"
-                )
+                raise ValueError(f"version {new.version} of fragment {p} is no longer held")
             full = codec.encode(value, "fp32")
-            return dataclasses.replace(new, kind="full", payload=full, included=included)
-        return dataclasses.replace(new, included=included)
+            return (dataclasses.replace(new, kind="full", payload=full, included=included),)
+        return (dataclasses.replace(new, included=included),)
 
     def global_params(self) -> dict[str, torch.Tensor]:
         """The exact global parameters by name (copies)."""

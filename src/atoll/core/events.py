@@ -27,8 +27,8 @@ Drivers (virtual-time and live learners):
     failed          learner failed: lost_steps_s (work since its last send, lost)
     rejoined        learner healed and training again: downtime_s
     training        live learner's first step: incarnation, since_start_s
-    step            live learner, every 50 steps: incarnation, step, tokens, step_time, pulls,
-                    pull_latency_ms
+    step            live learner, every 50 steps and at its end: incarnation, step, tokens,
+                    step_time, pulls, pull_latency_ms, [wire_up, wire_down]
 Live learner's communication side:
     heal_needed, comm_fatal, refused_by_syncer (reason); push_refused (fragment, reason);
     push_failed (fragment, error); transfer_error (error); disconnected (retry_in_s);
@@ -199,6 +199,8 @@ class Step(Record):
     step_time: float | None
     pulls: int
     pull_latency_ms: float | None
+    wire_up: int | None = None  # bytes on the wire so far, both channels (live/comm/wire.py)
+    wire_down: int | None = None
 
 
 # -- live learner's communication side --------------------------------------------------------

@@ -64,7 +64,12 @@ def print_summary(s: dict) -> None:
         f"tokens           {s['tokens']:,} of a budget of {s['token_budget']:,}",
         f"wall time        {s['wall_time_s']:.1f} s   goodput {100 * s['goodput']:.1f}%",
         f"bytes up/down    {s['bytes_up'] / 1e6:.1f} MB / {s['bytes_down'] / 1e6:.1f} MB"
-        f"   (data-parallel: {s['dp_bytes'] / 1e6:.0f} MB)",
+        f"   (data-parallel: {s['dp_bytes'] / 1e6:.0f} MB)"
+        + (
+            f"; on the wire {s['wire_up'] / 1e6:.1f} / {s['wire_down'] / 1e6:.1f} MB"
+            if s.get("wire_up") is not None
+            else ""
+        ),  # fmt: skip
         f"rounds           {s['rounds']}   participants/round {s['participants_mean']:.2f}",
         f"faults           {s['failures']} on learners, {s['syncer_kills']} syncer kills; "
         f"rejoin times {s['rejoin_times_s']} s; lost committed rounds "

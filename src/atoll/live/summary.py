@@ -25,6 +25,20 @@ def evaluate(run_dir: Path, scfg: SimConfig) -> float:
     return Evaluator(scfg, load_corpus(scfg))(load_file(str(path)))
 
 
+def wire_bytes(events: list) -> dict[str, int | None]:
+    """Bytes on the wire up and down, summed over every learner incarnation's last report."""
+    last: dict[tuple, tuple[int, int]] = {}
+    for e in events:
+        if e.kind == "step" and e.data.wire_up is not None:
+            last[(e.source, e.data.incarnation)] = (e.data.wire_up, e.data.wire_down or 0)
+    if not last:
+        return {"wire_up": None, "wire_down": None}
+    return {
+        "wire_up": sum(v[0] for v in last.values()),
+        "wire_down": sum(v[1] for v in last.values()),
+    }
+
+
 def summarize(
     run_dir: Path, scfg: SimConfig, lcfg: LiveConfig, start: float, end: float
 ) -> dict[str, Any]:
@@ -62,6 +76,9 @@ def summarize(
         "goodput": stats["goodput"],
         "bytes_up": int(acct.get("bytes_in", 0)),
         "bytes_down": int(acct.get("bytes_out", 0)),
+        # measured on the learners' own sockets (kernel TCP counters plus frame headers:
+        # live/comm/wire.py), heartbeats, pulls and heals included; None where not measured
+        **wire_bytes(events),
         # bytes a data-parallel ring all-reduce of fp32 gradients sends for these tokens
         "dp_bytes": int(dp_steps * M * int(allreduce_factor("ring", M) * plan.nbytes_fp32())),
         **{k: stats[k] for k in ("rounds", "participants_mean", "participants_hist")},

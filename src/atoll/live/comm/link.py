@@ -13,6 +13,7 @@ from atoll.core.codec import ContributionEncoder
 from atoll.eventlog import EventLog
 from atoll.live.comm.faults import LinkFaults
 from atoll.live.comm.uplink import SendQueue
+from atoll.live.comm.wire import WireCounter
 from atoll.live.learner.messages import CommOptions, CommStatus, FromComm, StepState
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata, open_channel
@@ -46,6 +47,7 @@ class Link:
         self.force_heal = False
         self.finishing = False  # the training side waits for the queue: report every send
         self.bytes_up = 0
+        self.wire = WireCounter(opts.address)  # bytes on the wire (the kernel's TCP counters)
         self.reconnects = 0
         # heartbeats carry the step reports that start the syncer's pull clock: the first
         # step after a (re)join, and the opening of the Pulls stream, are reported at once,
@@ -64,6 +66,7 @@ class Link:
         may overtake each other)."""
         self.status_at = time.monotonic()
         queued, received, seq = self.queue.counts()
+        wire = self.wire.read(fresh=stop or self.finishing)
         self.sink(
             CommStatus(
                 seq=seq,
@@ -74,6 +77,7 @@ class Link:
                 received=received,
                 stop=stop,
                 share=share,
+                wire=wire,
             )
         )
 

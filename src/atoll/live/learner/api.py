@@ -256,16 +256,17 @@ class Learner:
                 self._apply_due(time.time())
                 self._flush()
         if self.steps_done % 50 == 0:
-            self.events.emit(
-                "step",
-                self.id,
-                incarnation=self.incarnation,
-                step=self.steps_done,
-                tokens=self.tokens_done,
-                step_time=proto.step_time.value,
-                pulls=self.pulls,
-                pull_latency_ms=_median_ms(self.pull_latency_s),
-            )
+            self._report()
+
+    def _report(self) -> None:
+        """The `step` event: counters, and the bytes on the wire when measured."""
+        wire = self._comm_status.wire or (None, None)
+        self.events.emit(
+            "step", self.id, incarnation=self.incarnation, step=self.steps_done,
+            tokens=self.tokens_done, step_time=self.proto.step_time.value if self.proto else None,
+            pulls=self.pulls, pull_latency_ms=_median_ms(self.pull_latency_s),
+            wire_up=wire[0], wire_down=wire[1],
+        )  # fmt: skip
 
     def _apply_due(self, now: float) -> None:
         assert self.proto is not None
@@ -377,6 +378,8 @@ class Learner:
             self._apply_due(time.time())
             self._flush()
         self.beat_once()
+        self._drain()
+        self._report()
         self.close()
 
     def beat_once(self, timeout: float = 3.0) -> None:

@@ -178,6 +178,7 @@ class CommStatus:
     received: int = 0  # submits handed over so far (the training side compares its count)
     stop: bool = False
     share: tuple[int, float] | None = None
+    wire: tuple[int, int] | None = None  # bytes out, in on the wire (comm.wire), if measured
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 decision (`SyncerProtocol.coalesce`).
 
 Every queue is bounded, whatever the learner does (a slow reader, a stream never read):
-updates one per fragment (P), pulls one per fragment (a newer pull of a fragment replaces
+updates: per fragment a chain of deltas no larger than the fragment in fp32, or one update
+(at most the model's size in all), pulls one per fragment (a newer pull of a fragment replaces
 the older), notices MAX_NOTICES (the oldest dropped)."""
 
 from __future__ import annotations
@@ -16,27 +17,28 @@ from dataclasses import dataclass, field
 
 from atoll.core.messages import FragmentUpdate, Pull
 
-Coalesce = Callable[[FragmentUpdate, FragmentUpdate], FragmentUpdate]
+Coalesce = Callable[[tuple[FragmentUpdate, ...], FragmentUpdate], tuple[FragmentUpdate, ...]]
 MAX_NOTICES = 16
 
 
 @dataclass
 class Session:
-    """One learner's Join stream: updates not yet sent (one per fragment), and notices."""
+    """One learner's Join stream: updates not yet sent (per fragment, in order), notices."""
 
     learner: str
     incarnation: str
     last_seen: float
     cond: threading.Condition = field(default_factory=threading.Condition)
-    updates: OrderedDict[int, FragmentUpdate] = field(default_factory=OrderedDict)
+    updates: OrderedDict[int, tuple[FragmentUpdate, ...]] = field(default_factory=OrderedDict)
     notices: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
 
     def put_update(self, u: FragmentUpdate, coalesce: Coalesce) -> None:
-        """Queue an update; one of the same fragment still queued is merged into it."""
+        """Queue an update; with updates of the same fragment still queued, the core says
+        what goes instead (`coalesce`: a chain of deltas, or the newest in full)."""
         with self.cond:
             old = self.updates.pop(u.fragment, None)
-            self.updates[u.fragment] = u if old is None else coalesce(old, u)
+            self.updates[u.fragment] = (u,) if old is None else coalesce(old, u)
             self.cond.notify()
 
     def put_notice(self, kind: str, text: str) -> None:
@@ -57,7 +59,11 @@ class Session:
             if self.notices:
                 return self.notices.pop(0)
             if self.updates:
-                return self.updates.popitem(last=False)[1]
+                p, chain = self.updates.popitem(last=False)
+                if len(chain) > 1:  # the rest of this fragment's chain goes next
+                    self.updates[p] = chain[1:]
+                    self.updates.move_to_end(p, last=False)
+                return chain[0]
             return None
 
 
