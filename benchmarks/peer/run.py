@@ -1,7 +1,9 @@
 """The peer benchmark: atoll against torchft's synchronous DiLoCo, side by side, on the same
 model, data, inner optimizer, learners and token budget (workload.py), each learner one
 process, each in its own network namespace with a veth to the host (netns.py) so that both
-systems' bytes are counted by the same interface counters.
+systems' bytes are counted by the same interface counters, and each capped at --cpu-share
+cores (a cgroup quota: an island of its own hardware, whose CPU nobody else gets when it is
+killed, stalls or waits).
 
     benchmarks/peer/setup_env.sh                     # torchft lives in benchmarks/peer/.venv
     benchmarks/peer/.venv/bin/python benchmarks/peer/run.py --repeats 3
@@ -59,6 +61,8 @@ class Run:
         argv = self.sys.learner(self.rd, rank, host, ns, self.slow_of(rank))
         if isl is not None:
             argv = isl.wrap(argv)
+        if self.a.cpu_share > 0:  # its own island of compute: a fixed CPU quota (outside the
+            argv = cpu_cap(rank, self.a.cpu_share) + argv  # namespace, which remounts /sys)
         log = open(self.rd / f"learner-{rank}.log", "a")
         self.procs[rank] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                             env=self.env, start_new_session=True)  # fmt: skip
@@ -147,6 +151,30 @@ class Run:
         return time.time() - last["t"] < self.a.restart_after + 2
 
 
+CGROUP = Path("/sys/fs/cgroup/cpu")  # the cgroup v1 cpu controller (v2: cpu.max, not here)
+
+
+def cpu_cap(rank: int, share: float) -> list[str]:
+    """A prefix that runs a command in cgroup `apb-<rank>` capped at `share` cores (CFS
+    quota): each learner is its own island of hardware, so one that is killed, stalls or
+    sleeps (the straggler) gives its CPU to nobody, as on separate machines."""
+    g = CGROUP / f"apb-{rank}"
+    g.mkdir(exist_ok=True)
+    period = int((g / "cpu.cfs_period_us").read_text())
+    (g / "cpu.cfs_quota_us").write_text(str(int(share * period)))
+    return ["sh", "-c", f'echo $$ > {g}/cgroup.procs && exec "$0" "$@"']
+
+
+def cpu_caps_unavailable() -> str | None:
+    if not (CGROUP / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {CGROUP}"
+    try:
+        cpu_cap(0, 1.0)
+    except OSError as exc:
+        return f"cannot create a cgroup in {CGROUP}: {exc}"
+    return None
+
+
 def _rss_mb(pid: int) -> float:
     """Resident memory of a process and its descendants (a learner's communication child)."""
     total, todo = 0.0, [pid]
@@ -191,6 +219,13 @@ def main() -> int:
     ap.add_argument("--sync-every", type=int, default=20, help="torchft's H")
     ap.add_argument("--atoll-set", nargs="*", default=[], help="atoll settings key=value")
     ap.add_argument("--max-wall", type=float, default=900.0)
+    ap.add_argument(
+        "--cpu-share",
+        type=float,
+        default=0.45,
+        help="cores each learner may use (a cgroup quota; 0: uncapped). 4 x 0.45 on 2 cores "
+        "leaves 0.2 core for the syncer or lighthouse and the harness",
+    )
     ap.add_argument("--out", type=Path, default=Path("runs/peer"))
     args = ap.parse_args()
     from netns import Islands, unavailable
@@ -203,6 +238,10 @@ def main() -> int:
     results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     why = unavailable()
     results["netns"] = why or "each learner in its own namespace"
+    if args.cpu_share > 0 and (no_caps := cpu_caps_unavailable()):
+        print(f"[peer] learners uncapped: {no_caps}", flush=True)
+        args.cpu_share = 0.0
+    results["cpu_share"] = args.cpu_share
     done = {(r["system"], r["scenario"], r["repeat"]) for r in results["runs"]}
     systems = args.systems.split(",")
     for rep in range(args.repeats):
