@@ -163,6 +163,30 @@ def plots(res: dict, folder: Path) -> None:
         plt.close(fig)
 
 
+def markdown(summary: dict) -> str:
+    """The figures as a Markdown table (BENCHMARKS.md)."""
+    f = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+    rows = ["| scenario | time to target, atoll / torchft | speedup | final eval, atoll / "
+            "torchft | eval at equal wall | link bytes per token | fewer than torchft / "
+            "than DP | goodput | repeats |", "|---" * 9 + "|"]  # fmt: skip
+    for sc, row in summary["scenarios"].items():
+        a, t = row.get("atoll"), row.get("torchft")
+        if not a or not t:
+            continue
+        rows.append(
+            f"| ({sc}) {SCEN[sc]} | {f(a['time_to_target_s'], '.1f')} / "
+            f"{f(t['time_to_target_s'], '.1f')} s | **{f(row['speedup_to_target'], '.2f')}x** | "
+            f"{a['final_eval']:.3f} / {t['final_eval']:.3f} "
+            f"({100 * row['final_eval_gap']:+.1f}%) | "
+            f"{f(a.get('eval_at_equal_wall'), '.3f')} / {f(t.get('eval_at_equal_wall'), '.3f')} | "
+            f"{a['link_bytes_per_token']:.1f} / {t['link_bytes_per_token']:.0f} | "
+            f"{row['fewer_bytes_than_torchft']:.1f}x / {row['fewer_bytes_than_dp']:.0f}x | "
+            f"{100 * a['goodput']:.0f}% / {100 * t['goodput']:.0f}% | "
+            f"{a['repeats']} + {t['repeats']} |"
+        )
+    return "\n".join(rows)
+
+
 def _bytes_at(tl: list[dict], t: float) -> float:
     last = 0.0
     for x in tl:
@@ -182,6 +206,7 @@ def main() -> int:
     n = sum(p.numel() for p in wl.build_model(w).parameters())
     summary = summarize(res, n)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    (folder / "summary.md").write_text(markdown(summary) + "\n")
     plots(res, folder)
     print(f"target eval loss {summary['target_eval_loss']}; data-parallel "
           f"{summary['dp_bytes_per_token']:.0f} B/token")  # fmt: skip
