@@ -28,6 +28,8 @@ import math
 
 from atoll.core.grace import SPAN, GracePolicy
 
+UPLOAD_FLOOR_S = 1.0  # an average upload below this is never called a link bottleneck
+
 
 class PullRounds:
     def __init__(self, P: int) -> None:
@@ -39,15 +41,17 @@ class PullRounds:
     def upload(self, learner: str, seconds: float, grace: GracePolicy) -> float | None:
         """A contribution took `seconds` from its step boundary to the syncer. Returns the
         learner's average upload time when its link has just become the bottleneck: uploads
-        slower than the tau-step overlap, so no answer can come back in time (again only
-        after it fell below half of that)."""
+        slower than the tau-step overlap and than UPLOAD_FLOOR_S, so no answer can come back
+        in time (again only after it fell below half of the overlap)."""
         ema = self.uploads.get(learner)
         ema = seconds if ema is None else 0.8 * ema + 0.2 * seconds
         self.uploads[learner] = ema
         if grace.step.value is None:
             return None
         overlap = grace.tau * grace.step.value
-        if ema > overlap and learner not in self.slow_links:
+        # and at least a second: uploads of a few tenths on loopback are the host's busy CPU
+        # (atoll demo on 2 cores: 0.2 s against a 0.1 s overlap), not a link
+        if ema > max(overlap, UPLOAD_FLOOR_S) and learner not in self.slow_links:
             self.slow_links.add(learner)
             return ema
         if ema < overlap / 2:
