@@ -28,8 +28,9 @@ _NEED = 208
 
 class WireCounter:
     def __init__(self, address: str, every_s: float = 1.0) -> None:
-        port = address.rpartition(":")[2]
-        self.port = int(port) if port.isdigit() else -1  # the syncer's: sockets to it count
+        host, _, port = address.rpartition(":")
+        self.port = int(port) if port.isdigit() else -1
+        self.host = host.strip("[]")
         self.every_s = every_s
         self.seen: dict[int, tuple[int, int]] = {}  # socket inode -> (wire out, wire in)
         self.at = 0.0
