@@ -106,21 +106,14 @@ class Atoll:
     def own_bytes(self, rd: Path) -> dict[str, Any]:
         """What atoll's books say: payload bytes the syncer took in and sent out, and the
         learners' own counters of bytes on the wire (their events)."""
+        from atoll.eventlog import load_events
+        from atoll.live.summary import wire_bytes
+
         p = rd / "syncer" / "syncer_final.json"
         acct = json.loads(p.read_text()) if p.exists() else {}
-        last: dict[tuple, tuple] = {}  # (learner, incarnation) -> its last wire reading
-        for f in rd.glob("learner-*.jsonl"):
-            for raw in f.read_text().splitlines():
-                try:
-                    e = json.loads(raw)
-                except ValueError:
-                    continue
-                d = e.get("data", {})
-                if e.get("kind") == "step" and d.get("wire_up") is not None:
-                    last[(e["source"], d["incarnation"])] = (d["wire_up"], d["wire_down"])
+        events = [e for f in sorted(rd.glob("learner-*.jsonl")) for e in load_events(f)]
         return {
-            "wire_up": sum(v[0] for v in last.values()) if last else None,
-            "wire_down": sum(v[1] for v in last.values()) if last else None,
+            **wire_bytes(events),  # the learners' last readings, as the run summary sums them
             "up": acct.get("bytes_in"),
             "down": acct.get("bytes_out"),
             "useful_s": acct.get("useful_s"),

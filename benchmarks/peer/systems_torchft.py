@@ -4,12 +4,12 @@ the interface): one lighthouse on the host, one replica group per learner
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 from typing import Any
 
 import workload as wl
+from evaluate import progress
 from systems import HERE, PY
 
 
@@ -71,12 +71,5 @@ class Torchft:
     def committed(self, rd: Path, trained_tokens: int) -> float:
         """The tokens of intervals that reached the global model (the replicas' notes after
         each sync: 0 for an interval discarded by a heal or an uncommitted step)."""
-        kept = 0
-        for f in rd.glob("progress-*.jsonl"):
-            for raw in f.read_text().splitlines():
-                try:
-                    d = json.loads(raw)
-                except ValueError:
-                    continue
-                kept += d.get("note", {}).get("tokens", 0)
+        kept = sum(d.get("note", {}).get("tokens", 0) for d in progress(rd))
         return min(kept / trained_tokens, 1.0) if trained_tokens else float("nan")

@@ -38,11 +38,13 @@ class PullRounds:
         self.uploads: dict[str, float] = {}  # learner -> average upload time (EMA 0.2)
         self.slow_links: set[str] = set()  # learners whose link is the bottleneck now
 
-    def upload(self, learner: str, seconds: float, grace: GracePolicy) -> float | None:
+    def upload(
+        self, learner: str, seconds: float, grace: GracePolicy
+    ) -> tuple[float, float] | None:
         """A contribution took `seconds` from its step boundary to the syncer. Returns the
-        learner's average upload time when its link has just become the bottleneck: uploads
-        slower than the tau-step overlap and than UPLOAD_FLOOR_S, so no answer can come back
-        in time (again only after it fell below half of the overlap)."""
+        learner's average upload time and the overlap when its link has just become the
+        bottleneck: uploads slower than the tau-step overlap and than UPLOAD_FLOOR_S, so no
+        answer can come back in time (again only after it fell below half of the overlap)."""
         ema = self.uploads.get(learner)
         ema = seconds if ema is None else 0.8 * ema + 0.2 * seconds
         self.uploads[learner] = ema
@@ -53,7 +55,7 @@ class PullRounds:
         # (atoll demo on 2 cores: 0.2 s against a 0.1 s overlap), not a link
         if ema > max(overlap, UPLOAD_FLOOR_S) and learner not in self.slow_links:
             self.slow_links.add(learner)
-            return ema
+            return ema, overlap
         if ema < overlap / 2:
             self.slow_links.discard(learner)
         return None

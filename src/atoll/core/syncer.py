@@ -248,8 +248,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         out: list = [Event(now, "syncer", accepted)]
         slow = self.pulled.upload(c.learner, max(now - c.sent_at, 0.0), self.grace)
         if slow is not None:
-            overlap = self.grace.tau * (self.grace.step.value or 0.0)
-            out.append(Event(now, "syncer", LinkBottleneck(c.learner, slow, overlap)))
+            out.append(Event(now, "syncer", LinkBottleneck(c.learner, *slow)))
         return out + self._maybe_close(now, p)
 
     def _held(self, p: int) -> OrderedDict[int, torch.Tensor] | None:

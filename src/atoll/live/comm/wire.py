@@ -28,9 +28,8 @@ _NEED = 208
 
 class WireCounter:
     def __init__(self, address: str, every_s: float = 1.0) -> None:
-        host, _, port = address.rpartition(":")
-        self.port = int(port) if port.isdigit() else -1
-        self.host = host.strip("[]")
+        port = address.rpartition(":")[2]
+        self.port = int(port) if port.isdigit() else -1  # the syncer's: sockets to it count
         self.every_s = every_s
         self.seen: dict[int, tuple[int, int]] = {}  # socket inode -> (wire out, wire in)
         self.at = 0.0
