@@ -42,9 +42,11 @@ def test_9_and_12_a_syncer_down_when_the_learners_finish_is_brought_back(tmp_pat
     )
     assert (out / "final.safetensors").exists(), story
     assert s["syncer_restarts"] == 1 and s["lost_committed_rounds"] == 0, story
-    # before: tokens 0 and eval NaN (no final model); a learner whose last beat was not
-    # counted can leave the count a few steps short of the budget on a loaded machine
-    assert s["tokens"] >= 0.9 * s["token_budget"] and math.isfinite(s["eval_loss"]), s
+    # before: tokens 0 and eval NaN (no final model); then, a final beat sent while the
+    # control channel was still reconnecting failed fast, and the books kept the snapshot's
+    # count (9,856 of 15,360): every learner's final counters are now counted
+    assert s["tokens"] >= s["token_budget"] and math.isfinite(s["eval_loss"]), s
+    assert not [e for e in events if e["kind"] == "final_beat_lost"], story
     back = next(e["t"] for e in events if e["kind"] == "restored")
     for lid in ("L0", "L1"):  # what each trained while the syncer was away got merged
         assert any(

@@ -31,6 +31,7 @@ Drivers (virtual-time and live learners):
                     step_time, pulls, pull_latency_ms, [wire_up, wire_down]
 Live learner's communication side:
     heal_needed, comm_fatal, refused_by_syncer (reason); push_refused (fragment, reason);
+    final_beat_lost (tokens): the syncer never counted the final counters;
     push_failed (fragment, error); transfer_error (error); disconnected (retry_in_s);
     reconnected (heal, epoch)
 Live syncer:
@@ -212,6 +213,11 @@ class HealNeeded(Record):
 @_kind("comm_fatal")
 class CommFatal(Record):
     reason: str
+
+
+@_kind("final_beat_lost")
+class FinalBeatLost(Record):
+    tokens: int
 
 
 @_kind("refused_by_syncer")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from atoll.core.messages import Progress
-from atoll.live.learner.messages import PullReceived, StepState
+from atoll.live.learner.messages import FINAL_BEAT_S, PullReceived, StepState
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 
@@ -50,16 +50,29 @@ class Control:
         p = Progress(self.link.id, st.steps, step_time, time.time(), st.work_s)
         return convert.beat(self.link.id, self.link.o.incarnation, st.tokens, p)
 
-    def beat_once(self) -> None:
-        """Report the final counters (tokens, step-seconds) synchronously."""
+    def beat_once(self, within_s: float = FINAL_BEAT_S) -> bool:
+        """Report the final counters (tokens, step-seconds) synchronously, until the syncer
+        has counted them (its reply knows this session) or `within_s` has passed. The call
+        waits for a channel that is still reconnecting (a syncer just back from a restart):
+        failing fast there lost a finished learner's last steps from the run's books."""
         link = self.link
         st = link.state
         if st is None:
-            return
-        try:
-            link.control_stub.Heartbeat(self.beat(st), metadata=link.metadata, timeout=2.0)
-        except grpc.RpcError:
-            pass
+            return False
+        until = time.time() + within_s
+        beat = self.beat(st)
+        while (left := until - time.time()) > 0:
+            try:
+                reply = link.control_stub.Heartbeat(
+                    beat, metadata=link.metadata, timeout=left, wait_for_ready=True
+                )
+            except grpc.RpcError:
+                reply = None
+            if reply is not None and reply.known:
+                return True
+            if link.closing.wait(min(0.1, max(until - time.time(), 0))):
+                break
+        return False
 
     def run_beats(self) -> None:
         """The beat thread."""

@@ -73,8 +73,7 @@ class Comm:
                 link.finishing = True
                 link.status()
             case BeatOnce():
-                self.control.beat_once()
-                link.sink(BeatDone())
+                link.sink(BeatDone(self.control.beat_once()))
             case Close():
                 return False
             case Start():

@@ -52,6 +52,7 @@ from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
 from atoll.live.comm_mode import learners_on_host, resolve_comm
 from atoll.live.learner.messages import (
+    FINAL_BEAT_S,
     BeatDone,
     BeatOnce,
     CommFailed,
@@ -382,17 +383,20 @@ class Learner:
         self._report()
         self.close()
 
-    def beat_once(self, timeout: float = 3.0) -> None:
-        """Report the final counters (tokens, step-seconds) synchronously."""
+    def beat_once(self, timeout: float = FINAL_BEAT_S + 1.0) -> None:
+        """Report the final counters synchronously; counters the syncer never counted are
+        reported (`final_beat_lost`): the run's books miss those steps."""
         self._flush()
         self.port.send(BeatOnce())
-        until = time.time() + timeout
-        while time.time() < until:
+        until, done = time.time() + timeout, None
+        while done is None and time.time() < until:
             item = self.port.get(max(until - time.time(), 0.001))
-            if item is None or isinstance(item, BeatDone):
-                return
-            if self.proto is not None:
+            if isinstance(item, BeatDone):
+                done = item
+            elif item is not None and self.proto is not None:
                 self._handle(item)
+        if done is None or not done.counted:
+            self.events.emit("final_beat_lost", self.id, tokens=self.tokens_done)
 
     def close(self) -> None:
         port = getattr(self, "port", None)

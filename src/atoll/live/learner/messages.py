@@ -122,6 +122,9 @@ class Finishing:
     """The training side waits for the send queue to drain: report it after every send."""
 
 
+FINAL_BEAT_S = 5.0  # how long a finishing learner tries to have its final counters counted
+
+
 @dataclass(frozen=True)
 class BeatOnce:
     """Send one heartbeat now (final counters), then answer `BeatDone`."""
@@ -199,7 +202,9 @@ class CommFailed:
 
 @dataclass(frozen=True)
 class BeatDone:
-    """The heartbeat `BeatOnce` asked for was sent (or failed)."""
+    """The heartbeat `BeatOnce` asked for was counted by the syncer, or could not be."""
+
+    counted: bool = True
 
 
 FromComm: TypeAlias = (
