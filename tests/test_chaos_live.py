@@ -218,3 +218,26 @@ def test_a_full_disk_stops_the_syncer_before_it_sends_an_unrecorded_round(tmp_pa
     final = json.loads((run_dir / "syncer_final.json").read_text())
     assert seen and seen[0]["data"]["lost_committed_rounds"] == 0, seen
     assert final["lost_committed_rounds"] == 0 and final["restarts"] == 1
+
+
+def test_a_state_that_cannot_be_restored_ends_the_run_with_what_to_do(tmp_path):
+    """Before: the syncer raised `StoreError` from its constructor, crashed with a traceback
+    and was restarted in a loop, and `atoll run --resume` waited 60 s for it. Now it exits
+    65 with `restore_failed`, and the run stops with one line naming the file, what is wrong
+    and what to do, leaving the files as they were."""
+    out = tmp_path / "run"
+    (out / "tape").mkdir(parents=True)
+    junk = bytes(range(256)) * 20
+    (out / "snapshot.safetensors").write_bytes(junk)
+    sets = []
+    for kv in [*TINY, "learners=1", "steps=20"]:
+        sets += ["--set", kv]
+    cmd = [sys.executable, "-m", "atoll.cli", "run", "--out", str(out), "--resume", "--quiet"]
+    res = subprocess.run([*cmd, *sets], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "atoll run: error: the run in" in res.stderr and "snapshot.safetensors" in res.stderr
+    assert "tape/ and snapshot.safetensors moved away" in res.stderr
+    events = read_events(out / "events.jsonl")
+    assert [e["data"]["rc"] for e in events if e["kind"] == "crashed"] == [65]
+    assert [e["kind"] for e in events].count("restore_failed") == 1  # not restarted
+    assert (out / "snapshot.safetensors").read_bytes() == junk

@@ -21,6 +21,7 @@ from atoll.core.messages import (
     Resumed,
 )
 from atoll.core.syncer import PROGRESS_STEPS_MAX
+from atoll.errors import ConfigError
 
 
 def _contrib(plan, lid, p, seq, base, value=0.01, **kw):
@@ -264,3 +265,32 @@ def test_a_model_must_match_the_plan():
         plan.check_params({"a": torch.zeros(4)})
     with pytest.raises(ConfigError, match="shape"):
         plan.check_params({"a": torch.zeros(5), "b": torch.zeros(3)})
+
+
+@pytest.mark.parametrize("mode,moved", [("scale", 0.5), ("full", 1.0)])
+def test_a_round_of_fewer_learners_than_usual_moves_theta_by_their_share(mode, moved):
+    """Rounds of two learners are the usual; a lone learner's round then moves Theta half as
+    far ("scale"), where the paper's rule ("full") lets it replace the fragment's value."""
+    plan, syncer, _ = setup(quorum=2, light_rounds=mode)
+    for k in range(4):
+        for lid in ("L0", "L1"):
+            syncer.on_contribution(1.0 + k, _contrib(plan, lid, 0, k + 1, syncer.version[0], 0.01))
+    assert syncer.version[0] == 4 and syncer.round_size.usual == pytest.approx(2.0)
+    before = syncer.theta[1].clone()
+    syncer.on_contribution(9.0, _contrib(plan, "L0", 1, 9, syncer.version[1], 0.2))
+    (closed,) = [e for e in syncer.close_all(10.0) if isinstance(e, Event)]
+    assert closed.data.scale == pytest.approx(moved)
+    assert torch.allclose(syncer.theta[1], before - moved * 0.2)
+    _, restored, _ = setup(quorum=2, light_rounds=mode)
+    restored.load_state_dict(syncer.state_dict())  # the usual size is durable: snapshots
+    assert restored.round_size.usual == pytest.approx(syncer.round_size.usual)
+    _, replayed, _ = setup(quorum=2, light_rounds=mode)
+    replayed.load_fragment_state(syncer.fragment_state(1))  # and tape records
+    assert replayed.round_size.usual == pytest.approx(syncer.round_size.usual)
+    usual = syncer.round_size.usual  # a round that is dropped (not finite) does not count
+    syncer.outer.lr = 1e39
+    syncer.on_contribution(11.0, _contrib(plan, "L0", 1, 10, syncer.version[1], 1.0))
+    assert [e.kind for e in syncer.close_all(12.0)] == ["merge_refused"]
+    assert syncer.round_size.usual == usual
+    with pytest.raises(ConfigError, match="light_rounds='half'"):
+        setup(light_rounds="half")

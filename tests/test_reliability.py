@@ -401,3 +401,35 @@ def test_a_session_that_never_listens_does_not_hold_rounds_open():
     assert not kinds(out, "round_closed")  # L1 listens: the window waits for it
     out = s.on_contribution(1.1, contribution(s, "L1"))
     assert len(kinds(out, "round_closed")) == 1  # not waiting for "storm"
+
+
+def test_a_syncer_whose_welcome_cannot_be_used_stops_the_learner_loudly():
+    """Left over from issue 9: a Welcome the learner cannot use (here H = 0) was a transfer
+    error, and the learner rejoined every 2 s for ever (`Learner()` waited out its 60 s
+    connect timeout). Now a few in a row end it with the reason."""
+    from concurrent import futures
+
+    from atoll.live.learner import Learner
+    from atoll.model.recipe import new_model
+
+    joins = []
+
+    class Unusable(pbg.SyncerServicer):
+        def Join(self, hello, context):  # noqa: N802
+            joins.append(time.time())
+            yield pb.Down(welcome=pb.Welcome(H=0, epoch="e"))
+            time.sleep(0.05)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pbg.add_SyncerServicer_to_server(Unusable(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        model = new_model(CFG)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ConnectionError, match=r"Welcome cannot be used: Welcome.H=0"):
+            Learner(model, opt, f"127.0.0.1:{port}", learner_id="L0", run_id=RUN,
+                    secret=SECRET, comm="thread", connect_timeout_s=60)  # fmt: skip
+        assert len(joins) == 5  # not a TimeoutError after 60 s of rejoining
+    finally:
+        server.stop(0)

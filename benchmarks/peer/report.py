@@ -3,7 +3,7 @@ the repeats of time to the target eval loss, eval loss at equal tokens (the end 
 and at equal wall time, bytes on the learners' interfaces per trained token, atoll's own byte
 accounting against the interfaces, goodput; the ratios the issue asks for; two plots.
 
-    python benchmarks/peer/report.py benchmarks/results/peer
+    python benchmarks/peer/report.py benchmarks/results/peer [--target=2.607]
 
 The target is fixed from the data before looking at atoll: 1.02 x the median final eval loss
 of torchft without faults (scenario a), i.e. a loss torchft reaches near the end of its run.
@@ -59,19 +59,23 @@ def dp_bytes_per_token(work: dict, n_params: int) -> float:
     return 2 * M * (2 * (M - 1) / M * 4 * n_params) / (M * tps)
 
 
-def summarize(res: dict, n_params: int) -> dict:
+def summarize(res: dict, n_params: int, target: float | None = None) -> dict:
+    """`target`: the eval loss to reach; by default 1.02 x torchft's median final in (a)."""
     runs = res["runs"]
+    ratio = lambda x, y: (x / y) if x and y else None  # noqa: E731
     by = {}
     for r in runs:
         by.setdefault((r["scenario"], r["system"]), []).append(r)
     tf_a = [r["final_eval"] for r in by.get(("a", "torchft"), [])]
-    target = round(1.02 * st.median(tf_a), 3) if tf_a else None
+    if target is None:
+        target = round(1.02 * st.median(tf_a), 3) if tf_a else None
     dp = dp_bytes_per_token(res["work"], n_params)
     out = {"target_eval_loss": target, "dp_bytes_per_token": dp, "scenarios": {}}
+    variants = sorted({r["system"] for r in runs} - {"atoll", "torchft"})  # atoll:key=value
     for sc in SCEN:
         row = {}
         pairs = {}
-        for sysname in ("atoll", "torchft"):
+        for sysname in ("atoll", "torchft", *variants):
             rs = by.get((sc, sysname), [])
             if not rs:
                 continue
@@ -91,7 +95,7 @@ def summarize(res: dict, n_params: int) -> dict:
                 "link_down_MB": med([x["rx"] / 1e6 for x in lt if x]),
                 "goodput": med([r["goodput"] for r in rs]),
             }
-            if sysname == "atoll":
+            if sysname.startswith("atoll"):
                 own = [(r["own"].get("up"), r["own"].get("down"), r.get("link_total")) for r in rs]
                 row[sysname]["own_up_over_link"] = med([u / x["tx"] for u, d, x in own if u and x])
                 row[sysname]["own_down_over_link"] = med(
@@ -108,7 +112,7 @@ def summarize(res: dict, n_params: int) -> dict:
         # eval loss at equal wall time: each repeat's pair at the earlier of the two ends
         eq = {"atoll": [], "torchft": []}
         for pr in pairs.values():
-            if len(pr) == 2:
+            if "atoll" in pr and "torchft" in pr:
                 t = min(pr["atoll"]["wall_s"], pr["torchft"]["wall_s"])
                 for k in eq:
                     eq[k].append(loss_at(pr[k]["curve"], t))
@@ -117,7 +121,6 @@ def summarize(res: dict, n_params: int) -> dict:
                 row[k]["eval_at_equal_wall"] = med(eq[k])
         if "atoll" in row and "torchft" in row:
             a, t = row["atoll"], row["torchft"]
-            ratio = lambda x, y: (x / y) if x and y else None  # noqa: E731
             row["speedup_to_target"] = ratio(t["time_to_target_s"], a["time_to_target_s"])
             if t["reached"] == 0 and a["time_to_target_s"]:  # torchft never got there: at
                 walls = [r["wall_s"] for r in by[(sc, "torchft")]]  # least its whole run
@@ -126,6 +129,14 @@ def summarize(res: dict, n_params: int) -> dict:
             row["fewer_bytes_than_torchft"] = ratio(t["link_bytes_per_token"],
                                                     a["link_bytes_per_token"])  # fmt: skip
             row["fewer_bytes_than_dp"] = ratio(out["dp_bytes_per_token"], a["link_bytes_per_token"])
+        for v in variants:  # a variant against atoll at its defaults, and against torchft
+            if v in row and "atoll" in row:
+                x, a = row[v], row["atoll"]
+                x["time_to_target_over_atoll"] = ratio(x["time_to_target_s"], a["time_to_target_s"])
+                x["final_eval_gap_to_atoll"] = (x["final_eval"] - a["final_eval"]) / a["final_eval"]
+                if "torchft" in row:
+                    x["speedup_to_target"] = ratio(row["torchft"]["time_to_target_s"],
+                                                   x["time_to_target_s"])  # fmt: skip
         out["scenarios"][sc] = row
     return out
 
@@ -138,6 +149,8 @@ def plots(res: dict, folder: Path) -> None:
 
     scs = [s for s in SCEN if any(r["scenario"] == s for r in res["runs"])]
     colors = {"atoll": "tab:blue", "torchft": "tab:orange"}
+    for i, s in enumerate(sorted({r["system"] for r in res["runs"]} - set(colors))):
+        colors[s] = ("tab:green", "tab:purple", "tab:gray")[i % 3]
     for kind in ("wall", "bytes"):
         fig, axes = plt.subplots(1, len(scs), figsize=(4 * len(scs), 3.4), squeeze=False)
         for ax, sc in zip(axes[0], scs, strict=True):
@@ -190,6 +203,22 @@ def markdown(summary: dict) -> str:
             f"{100 * a['goodput']:.0f}% / {100 * t['goodput']:.0f}% | "
             f"{a['repeats']} + {t['repeats']} |"
         )
+    variants = sorted({k for row in summary["scenarios"].values() for k in row
+                       if k.startswith("atoll:")})  # fmt: skip
+    for v in variants:
+        rows += ["", f"atoll at its defaults against `{v}`, side by side in the same repeats:", "",
+                 "| scenario | time to target, atoll / variant | final eval, atoll / variant | "
+                 "variant's speedup over torchft | repeats |", "|---" * 5 + "|"]  # fmt: skip
+        for sc, row in summary["scenarios"].items():
+            a, x = row.get("atoll"), row.get(v)
+            if not a or not x:
+                continue
+            rows.append(
+                f"| ({sc}) {SCEN[sc]} | {f(a['time_to_target_s'], '.1f')} / "
+                f"{f(x['time_to_target_s'], '.1f')} s | {a['final_eval']:.3f} / "
+                f"{x['final_eval']:.3f} | {f(x.get('speedup_to_target'), '.2f')}x | "
+                f"{a['repeats']} + {x['repeats']} |"
+            )
     return "\n".join(rows)
 
 
@@ -203,14 +232,20 @@ def _bytes_at(tl: list[dict], t: float) -> float:
 
 
 def main() -> int:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/peer")
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", type=Path, default=Path("benchmarks/results/peer"))
+    ap.add_argument("--target", type=float, help="the eval loss to reach (default: from torchft)")
+    a = ap.parse_args()
+    folder, fixed = a.folder, [a.target] if a.target is not None else []
     res = json.loads((folder / "results.json").read_text())
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import workload as wl
 
     w = wl.Work(**res["work"])
     n = sum(p.numel() for p in wl.build_model(w).parameters())
-    summary = summarize(res, n)
+    summary = summarize(res, n, fixed[0] if fixed else None)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     (folder / "summary.md").write_text(markdown(summary) + "\n")
     plots(res, folder)

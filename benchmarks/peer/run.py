@@ -198,8 +198,9 @@ def _diff(before, after):
 
 
 def make_system(name: str, w: wl.Work, args: argparse.Namespace):
-    if name == "atoll":
-        return Atoll(w, args.atoll_set)
+    """ "atoll", "torchft", or a variant of atoll with settings of its own: "atoll:k=v+k=v"."""
+    if name == "atoll" or name.startswith("atoll:"):
+        return Atoll(w, [*args.atoll_set, *[kv for kv in name[6:].split("+") if kv]])
     from systems_torchft import Torchft
 
     return Torchft(w, args.sync_every)
@@ -208,7 +209,9 @@ def make_system(name: str, w: wl.Work, args: argparse.Namespace):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--scenarios", default="a,b,c,d,e")
-    ap.add_argument("--systems", default="atoll,torchft")
+    ap.add_argument(
+        "--systems", default="atoll,torchft", help="also atoll variants: atoll:key=value+key=value"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--learners", type=int, default=4)
@@ -254,7 +257,7 @@ def main() -> int:
                 if scen["shape"] and why:
                     print(f"[peer] skip {sc}/{name}: {why}", flush=True)
                     continue
-                rd = args.out / f"{sc}-{name}-{rep}"
+                rd = args.out / f"{sc}-{name.replace(':', '_').replace('+', '_')}-{rep}"
                 if rd.exists():
                     import shutil
 

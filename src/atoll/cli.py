@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from atoll.errors import ConfigError
+from atoll.errors import ConfigError, RunError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("atoll.sim.cli", "run Decoupled DiLoCo and its baselines in the virtual-time driver"),
@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"atoll {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RunError as exc:
+        print(f"atoll {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"atoll {args.command}: interrupted", file=sys.stderr)
         return 130

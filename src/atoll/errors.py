@@ -1,5 +1,7 @@
-"""The exception types a user sees: bad input (`ConfigError`), and a learner whose link to
-the syncer can no longer work (`CommError`)."""
+"""The exception types a user sees: bad input (`ConfigError`), a learner whose link to the
+syncer can no longer work (`CommError`), and a run that cannot go on (`RunError`)."""
+
+EXIT_STORE = 65  # the syncer cannot restore its run (EX_DATAERR): restarting it cannot help
 
 
 class ConfigError(ValueError):
@@ -20,3 +22,18 @@ class CommError(RuntimeError):
     """A learner's communication side is gone (its process killed, a thread dead, the syncer
     refused it): raised from `Learner.step()`, so that the process stops loudly and its
     supervisor restarts it (it then heals from the syncer)."""
+
+
+class RunError(RuntimeError):
+    """A run that cannot go on as it is (its syncer cannot read the state it left on disk);
+    the message says why and what to do. Nothing on disk has been changed."""
+
+
+def restore_hint(run_dir: object, why: str) -> str:
+    """What a user is told when the state a run left on disk cannot be restored."""
+    return (
+        f"the run in {run_dir} cannot be restored: {why}. Nothing on disk was changed. A file "
+        "that could not be read may be whole once its disk or permissions are mended: resume "
+        "then; one that is corrupt can be kept to inspect, and tape/ and snapshot.safetensors "
+        "moved away to start the run afresh"
+    )

@@ -106,6 +106,7 @@ class ProtocolSettings:
     grace_ema: float = 0.1
     merge: str = "rda"
     weighting: str = "tokens"
+    light_rounds: str = "scale"  # a round of few learners moves Theta less (core/merge.py)
     # magnitude guard (atoll.core.guard): a contribution beyond `guard` x what the run has
     # seen is refused and its learner heals; 0 = off
     guard: float = 10.0
@@ -132,6 +133,9 @@ class ProtocolSettings:
         need(self, self.guard == 0 or 1 < self.guard < math.inf, "guard", "0 (off) or a number > 1")
         need(self, self.H >= 1, "H", "an integer >= 1")
         need(self, self.schedule in ("pull", "push"), "schedule", "'pull' or 'push'")
+        need(self, self.merge in ("rda", "mean"), "merge", "'rda' or 'mean'")
+        need(self, self.weighting in ("tokens", "uniform"), "weighting", "'tokens' or 'uniform'")
+        need(self, self.light_rounds in ("scale", "full"), "light_rounds", "'scale' or 'full'")
         need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
         need(self, 0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")
         if learners is None:

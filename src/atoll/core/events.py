@@ -14,7 +14,7 @@ Protocol (atoll.core):
     accepted        syncer took a contribution: learner, fragment, seq, bytes, work_s
     refused         syncer refused a contribution: learner, fragment, reason, [code]
     round_closed    syncer merged a fragment: fragment, version, participants [ids], weights,
-                    staleness [rounds], quorum_wait_s, grace_s, bytes_in, bytes_out
+                    staleness [rounds], scale, quorum_wait_s, grace_s, bytes_in, bytes_out
     merge_refused   syncer dropped a round whose merge was not finite: fragment,
                     participants, reason (nothing committed)
     link_bottleneck syncer: a learner's uploads now take longer than the tau-step overlap (its
@@ -41,6 +41,7 @@ Live syncer:
     transfer_broken (learner, fragment, error);
     auth_refused (method, reason, [count: refusals since the last one written]);
     limit_reached (what, limit, [learner]); snapshot_failed (error);
+    restore_failed (error, run_dir): the state on disk cannot be restored (exit 65);
     disk_failed (error, path): the tape could not be written, nothing is committed until
     disk_recovered (paused_s)
 Any process:
@@ -130,6 +131,7 @@ class RoundClosed(Record):
     grace_s: float
     bytes_in: int
     bytes_out: int
+    scale: float = 1.0  # how far the merged delta moved Theta (core/merge.py, light rounds)
 
 
 @_kind("merge_refused")
@@ -307,6 +309,12 @@ class LimitReached(Record):
     what: str
     limit: int
     learner: str | None = None
+
+
+@_kind("restore_failed")
+class RestoreFailed(Record):
+    error: str
+    run_dir: str
 
 
 @_kind("snapshot_failed")

@@ -6,6 +6,14 @@
   The norm of the result is the weighted mean of the input norms, so merging M nearly
   orthogonal outer gradients does not shrink the step by sqrt(M).
 Embedding tensors always use the weighted mean.
+
+A light round (`light_rounds="scale"`, the default) moves Theta in proportion to the
+learners it has: the merged delta is scaled by min(1, n / n_usual), n the round's participants
+and n_usual an average of recent rounds' (`RoundSize`); learners absent from a round count as
+agreeing with Theta, and the token weights still set the mix within the round. Without it
+(`"full"`, the paper's rule) one learner alone replaces a fragment with its own value, which
+lets a lone final flush, or a restarted learner on a fresh inner optimizer, undo the others'
+work (BENCHMARKS.md, peer benchmark (e)). A run of one learner is unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +25,25 @@ import torch
 from atoll.errors import ConfigError
 
 MERGES = ("rda", "mean")
+LIGHT_ROUNDS = ("scale", "full")
+
+
+class RoundSize:
+    """The usual number of learners in a round (an average over the last ~1/decay rounds of
+    every fragment), and how far a round of `n` learners moves Theta against it."""
+
+    def __init__(self, mode: str = "scale", decay: float = 0.1) -> None:
+        if mode not in LIGHT_ROUNDS:
+            raise ConfigError("light_rounds", mode, f"one of {LIGHT_ROUNDS}")
+        self.mode, self.decay, self.usual = mode, decay, None
+
+    def scale(self, n: int) -> float:
+        """The factor for a round of `n` learners (which is then counted in the average)."""
+        usual = self.usual
+        self.usual = n if usual is None else (1 - self.decay) * usual + self.decay * n
+        if self.mode == "full" or usual is None or n >= usual:
+            return 1.0
+        return n / usual
 
 
 def _check(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -21,12 +22,20 @@ def status(
 
 
 def wait_ready(
-    address: str, run_id: str, secret: str, timeout: float = 60.0, tls_ca: str | None = None
-) -> pb.StatusReply:
-    """Poll Status until the syncer answers; raises TimeoutError after `timeout` seconds."""
+    address: str,
+    run_id: str,
+    secret: str,
+    timeout: float = 60.0,
+    tls_ca: str | None = None,
+    alive: Callable[[], bool] | None = None,
+) -> pb.StatusReply | None:
+    """Poll Status until the syncer answers; raises TimeoutError after `timeout` seconds.
+    None as soon as `alive()` says the syncer's process has ended."""
     until = time.time() + timeout
     last: Exception | None = None
     while time.time() < until:
+        if alive is not None and not alive():
+            return None
         try:
             return status(address, run_id, secret, 1.0, tls_ca)
         except grpc.RpcError as exc:

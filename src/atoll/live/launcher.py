@@ -36,6 +36,7 @@ from typing import Any
 
 from atoll import chaos
 from atoll.config import LiveConfig, SimConfig, to_args
+from atoll.errors import EXIT_STORE, RunError, restore_hint
 from atoll.eventlog import EventLog, read_events
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
@@ -179,10 +180,25 @@ class Launcher:
             return None
         return st.start_at or None
 
-    def _wait_syncer(self, timeout: float = 60.0) -> None:
+    def _wait_syncer(self, timeout: float = 60.0, first: bool = True) -> None:
+        """Until the syncer answers. One that cannot restore the run ends it (RunError), as
+        does any exit of the first start; a restarted one that exits otherwise is left to
+        `_supervise`, which restarts it again (a disk that is still full, a port in use)."""
         from atoll.live.client import wait_ready
 
-        wait_ready(self.address, self.run_id, self.secret_path.read_text(), timeout)
+        popen = self.procs["syncer"].popen
+        up = lambda: popen.poll() is None  # noqa: E731
+        try:
+            if wait_ready(self.address, self.run_id, self.secret_path.read_text(), timeout,
+                          alive=up):  # fmt: skip
+                return
+        except TimeoutError as exc:
+            raise RunError(f"{exc}; see {self.run_dir / 'syncer.log'}") from exc
+        rc = popen.wait()
+        if rc == EXIT_STORE or first:
+            self.events.emit("crashed", "launcher", process="syncer", rc=rc)
+            why = f"the syncer exited (code {rc}) before it answered: see syncer.log"
+            raise RunError(self._restore_failed() if rc == EXIT_STORE else why)
 
     def run(self) -> dict[str, Any]:
         start = time.time()
@@ -200,7 +216,7 @@ class Launcher:
             if p.name not in self.late:
                 self._spawn(p)
         chaos = list(self.chaos)
-        interrupted = False
+        interrupted, failed = False, None
         spares = False  # warm spares, for a scenario that kills learners
         # one for each learner the scenario kills (their targets are drawn already)
         spare_for = (
@@ -230,17 +246,27 @@ class Launcher:
         except KeyboardInterrupt:
             interrupted = True
             self._say("interrupted: stopping every process")
+        except RunError as exc:  # the run cannot go on: stop every process, then say why
+            failed = exc
         finally:
             self._shutdown()
         end = time.time()
         self.events.emit("run_ended", "launcher", interrupted=interrupted)
         if interrupted:
             raise KeyboardInterrupt
+        if failed is not None:
+            raise failed
         from atoll.live.summary import summarize
 
         summary = summarize(self.run_dir, self.scfg, self.lcfg, start, end)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
         return summary
+
+    def _restore_failed(self) -> str:
+        """Why the syncer could not restore the run (its `restore_failed` event)."""
+        why = [e["data"]["error"] for e in read_events(self.run_dir / "events.jsonl")
+               if e["kind"] == "restore_failed"]  # fmt: skip
+        return restore_hint(self.run_dir, why[-1] if why else "see syncer.log")
 
     def _syncer_up(self) -> bool:
         p = self.procs["syncer"]
@@ -296,6 +322,9 @@ class Launcher:
             if rc == 0 and proc.name != "syncer":
                 proc.done = True
                 continue
+            if rc == EXIT_STORE and proc.name == "syncer":  # restarting it cannot help
+                self.events.emit("crashed", "launcher", process=proc.name, rc=rc)
+                raise RunError(self._restore_failed())
             if proc.down_until is None:  # died on its own: restart after the usual delay
                 self.events.emit("crashed", "launcher", process=proc.name, rc=rc)
                 proc.down_until = now + self.lcfg.restart_delay_s
@@ -303,7 +332,7 @@ class Launcher:
                 self._spawn(proc, restart=True)
                 self._say(f"restarted {proc.name}")
                 if proc.name == "syncer":
-                    self._wait_syncer()
+                    self._wait_syncer(first=False)
 
     def _shutdown(self) -> None:
         for p in self.procs.values():

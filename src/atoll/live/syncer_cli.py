@@ -30,11 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import signal
+    import sys
     import threading
 
     from atoll.config import build
+    from atoll.errors import EXIT_STORE, restore_hint
     from atoll.eventlog import EventLog
     from atoll.live.syncer import SyncerOptions, SyncerService
+    from atoll.live.syncer.store_read import StoreError
     from atoll.model.recipe import builtin_plan, file_plan
     from atoll.wire.auth import load_secret
 
@@ -66,7 +69,13 @@ def main(args: argparse.Namespace) -> int:
     events = EventLog(run_dir / "events.jsonl")
     # `schedule` (pull by default, push as an option) reaches the learners in the Welcome
     s_cfg, l_cfg = scfg.syncer_config(), scfg.learner_config()
-    service = SyncerService(plan, init, s_cfg, l_cfg, opts, events)
+    try:
+        service = SyncerService(plan, init, s_cfg, l_cfg, opts, events)
+    except StoreError as exc:  # a state on disk that cannot be restored: no restart helps
+        events.emit("restore_failed", "syncer", error=str(exc)[:1000], run_dir=str(run_dir))
+        events.close()
+        print(f"atoll syncer: error: {restore_hint(run_dir, str(exc))}", file=sys.stderr)
+        return EXIT_STORE
     port = service.start()
     addr = f"{lcfg.host}:{port}"
     tmp = run_dir / "syncer.addr.tmp"

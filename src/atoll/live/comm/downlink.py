@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from atoll.live.comm.link import Link
 
 
+UNUSABLE_WELCOMES = 5  # unusable Welcomes in a row before the learner stops (it raises)
+
+
 class Downlink:
     def __init__(self, link: Link) -> None:
         self.link = link
@@ -52,7 +55,7 @@ class Downlink:
     def run(self) -> None:
         """The down thread."""
         link = self.link
-        backoff = 0.2
+        backoff, unusable = 0.2, 0
         while not link.closing.is_set():
             call = link.bulk_stub.Join(self.hello(), metadata=link.metadata)
             with link.lock:
@@ -62,6 +65,10 @@ class Downlink:
                     link.faults.wait_while_cut(link.closing)
                     backoff = 0.2
                     if isinstance(msg, UpdateReceived):  # the training thread gets a tensor
+                        if (p := msg.update.fragment) not in link.numel:  # not this session's
+                            why = f"an update of fragment {p}, which the session lacks: dropped"
+                            link.events.emit("transfer_error", link.id, error=why)
+                            continue
                         msg = UpdateReceived(msg.update, self.decode(msg.update))
                     link.sink(msg)
             except grpc.RpcError as exc:
@@ -73,7 +80,16 @@ class Downlink:
                     break
             except TransferError as exc:
                 link.events.emit("transfer_error", link.id, error=str(exc))
+                # before any Welcome of this call was usable: the syncer speaks a session this
+                # learner cannot use, which retrying does not change; stop loudly
+                unusable += 0 if link.connected.is_set() else 1
+                if unusable >= UNUSABLE_WELCOMES:
+                    link.sink(CommFailed(f"the syncer's Welcome cannot be used: {exc}"))
+                    link.closing.set()
+                    break
             finally:
+                if link.connected.is_set():  # this call's Welcome was usable
+                    unusable = 0
                 link.connected.clear()
                 with link.lock:
                     link.join_call = None
@@ -88,7 +104,7 @@ class Downlink:
         """An update's payload as a flat float32 tensor; None when it does not decode (the
         training thread then decodes it again and handles the error as before)."""
         try:
-            return codec.decode(u.payload, self.link.numel.get(u.fragment))
+            return codec.decode(u.payload, self.link.numel[u.fragment])
         except ValueError:
             return None
 

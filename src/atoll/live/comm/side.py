@@ -73,7 +73,9 @@ class Comm:
                 link.finishing = True
                 link.status()
             case BeatOnce():
-                link.sink(BeatDone(self.control.beat_once()))
+                counted = self.control.beat_once()
+                link.status()  # the last reading of the wire counters, after every answer
+                link.sink(BeatDone(counted))
             case Close():
                 return False
             case Start():
