@@ -133,3 +133,12 @@ def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         doc["methods"]["dp"]["required_gbps"] > 100 * doc["methods"]["decoupled"]["required_gbps"]
     )
     assert "decoupled" in capsys.readouterr().out
+
+
+def test_codec_bits_are_the_frames_actual_size():
+    """`--codec`: bits per value from the codec's own frames, not a nominal figure."""
+    assert 24.0 < cli.codec_bits("fp32", n=1 << 16) < 32.1  # zstd takes a little of it
+    int4 = cli.codec_bits("int4", n=1 << 16)
+    assert 3.0 < int4 < 4.25  # zstd takes the Gaussian codes below the nominal 4.25
+    with pytest.raises(ConfigError, match="--codec='int3'"):
+        cli.codec_bits("int3")

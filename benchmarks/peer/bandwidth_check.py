@@ -54,7 +54,7 @@ def predicted(n_params: int, step_s: float, learners: int) -> float:
     """Bytes/s per link per direction from the `atoll bandwidth` command itself."""
     out = subprocess.run(
         [str(Path(sys.executable).parent / "atoll"), "bandwidth", "--params", str(n_params),
-         "--step-s", str(step_s), "--datacenters", str(learners), "--bits", "4.25",
+         "--step-s", str(step_s), "--datacenters", str(learners), "--codec", "int4",
          "--fragments", "24", "--H", "24", "--tau", "2", "--framing", str(WIRE_FRAMING),
          "--json", "/dev/stdout"],
         capture_output=True, text=True, check=True,
