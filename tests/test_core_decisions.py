@@ -268,29 +268,31 @@ def test_a_model_must_match_the_plan():
 
 
 @pytest.mark.parametrize("mode,moved", [("scale", 0.5), ("full", 1.0)])
-def test_a_round_of_fewer_learners_than_usual_moves_theta_by_their_share(mode, moved):
-    """Rounds of two learners are the usual; a lone learner's round then moves Theta half as
-    far ("scale"), where the paper's rule ("full") lets it replace the fragment's value."""
-    plan, syncer, _ = setup(quorum=2, light_rounds=mode)
+def test_a_round_of_less_weight_than_usual_moves_theta_by_its_share(mode, moved):
+    """Rounds of two learners are fragment 1's usual; a lone learner's round of the same
+    work then moves Theta half as far ("scale"), where the paper's rule ("full") lets it
+    replace the fragment's value. Fragment 0's history does not count for fragment 1."""
+    plan, syncer, _ = setup(quorum=2, light_rounds=mode, down_codec="fp32")
     for k in range(4):
         for lid in ("L0", "L1"):
-            syncer.on_contribution(1.0 + k, _contrib(plan, lid, 0, k + 1, syncer.version[0], 0.01))
-    assert syncer.version[0] == 4 and syncer.round_size.usual == pytest.approx(2.0)
+            syncer.on_contribution(1.0 + k, _contrib(plan, lid, 1, k + 1, syncer.version[1], 0.01))
+    assert syncer.version[1] == 4 and syncer.round_weight.usual[1] == pytest.approx(200.0)
+    assert syncer.round_weight.usual[0] is None
     before = syncer.theta[1].clone()
-    syncer.on_contribution(9.0, _contrib(plan, "L0", 1, 9, syncer.version[1], 0.2))
+    syncer.on_contribution(9.0, _contrib(plan, "L0", 1, 9, syncer.version[1], 0.05))
     (closed,) = [e for e in syncer.close_all(10.0) if isinstance(e, Event)]
     assert closed.data.scale == pytest.approx(moved)
-    assert torch.allclose(syncer.theta[1], before - moved * 0.2)
-    _, restored, _ = setup(quorum=2, light_rounds=mode)
-    restored.load_state_dict(syncer.state_dict())  # the usual size is durable: snapshots
-    assert restored.round_size.usual == pytest.approx(syncer.round_size.usual)
-    _, replayed, _ = setup(quorum=2, light_rounds=mode)
+    assert torch.allclose(syncer.theta[1], before - moved * 0.05)
+    usual = syncer.round_weight.usual[1]
+    _, restored, _ = setup(quorum=2, light_rounds=mode, down_codec="fp32")
+    restored.load_state_dict(syncer.state_dict())  # the usual weight is durable: snapshots
+    assert restored.round_weight.usual == syncer.round_weight.usual
+    _, replayed, _ = setup(quorum=2, light_rounds=mode, down_codec="fp32")
     replayed.load_fragment_state(syncer.fragment_state(1))  # and tape records
-    assert replayed.round_size.usual == pytest.approx(syncer.round_size.usual)
-    usual = syncer.round_size.usual  # a round that is dropped (not finite) does not count
-    syncer.outer.lr = 1e39
-    syncer.on_contribution(11.0, _contrib(plan, "L0", 1, 10, syncer.version[1], 1.0))
+    assert replayed.round_weight.usual[1] == pytest.approx(usual)
+    syncer.outer.lr = 1e42  # a round that is dropped (not finite) does not count
+    syncer.on_contribution(11.0, _contrib(plan, "L0", 1, 10, syncer.version[1], 0.05))
     assert [e.kind for e in syncer.close_all(12.0)] == ["merge_refused"]
-    assert syncer.round_size.usual == usual
+    assert syncer.round_weight.usual[1] == usual
     with pytest.raises(ConfigError, match="light_rounds='half'"):
         setup(light_rounds="half")

@@ -106,7 +106,7 @@ class ProtocolSettings:
     grace_ema: float = 0.1
     merge: str = "rda"
     weighting: str = "tokens"
-    light_rounds: str = "scale"  # a round of few learners moves Theta less (core/merge.py)
+    light_rounds: str = "scale"  # a round of little weight moves Theta less (core/merge.py)
     # magnitude guard (atoll.core.guard): a contribution beyond `guard` x what the run has
     # seen is refused and its learner heals; 0 = off
     guard: float = 10.0

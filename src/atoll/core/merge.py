@@ -7,13 +7,15 @@
   orthogonal outer gradients does not shrink the step by sqrt(M).
 Embedding tensors always use the weighted mean.
 
-A light round (`light_rounds="scale"`, the default) moves Theta in proportion to the
-learners it has: the merged delta is scaled by min(1, n / n_usual), n the round's participants
-and n_usual an average of recent rounds' (`RoundSize`); learners absent from a round count as
-agreeing with Theta, and the token weights still set the mix within the round. Without it
-(`"full"`, the paper's rule) one learner alone replaces a fragment with its own value, which
-lets a lone final flush, or a restarted learner on a fresh inner optimizer, undo the others'
-work (BENCHMARKS.md, peer benchmark (e)). A run of one learner is unchanged.
+A light round (`light_rounds="scale"`, the default) moves Theta in proportion to the work it
+carries: the merged delta is scaled by min(1, W / W_p), W the round's summed token weight and
+W_p the average of fragment p's recent rounds (`RoundWeight`). Learners absent from a round
+count as agreeing with Theta, and the weights still set the mix within the round. Without it
+(`"full"`, the paper's rule) one learner alone replaces a fragment with its own value: a lone
+final flush of one step, from a learner just restarted on a fresh inner optimizer and one or
+two versions behind, undid the others' work (BENCHMARKS.md, peer benchmark (e)). A first
+form counted learners instead of weight, over all fragments at once: within a burst of 24
+such rounds its average fell towards 1 and the last ones moved Theta by 0.9 of their delta.
 """
 
 from __future__ import annotations
@@ -28,22 +30,29 @@ MERGES = ("rda", "mean")
 LIGHT_ROUNDS = ("scale", "full")
 
 
-class RoundSize:
-    """The usual number of learners in a round (an average over the last ~1/decay rounds of
-    every fragment), and how far a round of `n` learners moves Theta against it."""
+class RoundWeight:
+    """Per fragment, the usual summed weight of its rounds (an average over its last ~1/decay
+    rounds), and how far a round of summed weight `total` moves Theta against it."""
 
-    def __init__(self, mode: str = "scale", decay: float = 0.1) -> None:
+    def __init__(self, P: int, mode: str = "scale", decay: float = 0.2) -> None:
         if mode not in LIGHT_ROUNDS:
             raise ConfigError("light_rounds", mode, f"one of {LIGHT_ROUNDS}")
-        self.mode, self.decay, self.usual = mode, decay, None
+        self.mode, self.decay = mode, decay
+        self.usual: list[float | None] = [None] * P
 
-    def scale(self, n: int) -> float:
-        """The factor for a round of `n` learners (which is then counted in the average)."""
-        usual = self.usual
-        self.usual = n if usual is None else (1 - self.decay) * usual + self.decay * n
-        if self.mode == "full" or usual is None or n >= usual:
+    def scale(self, p: int, total: float) -> float:
+        """The factor for fragment p's round of summed weight `total` (then averaged in)."""
+        usual = self.usual[p]
+        self.usual[p] = total if usual is None else (1 - self.decay) * usual + self.decay * total
+        if self.mode == "full" or usual is None or usual <= 0 or total >= usual:
             return 1.0
-        return n / usual
+        return max(total, 0.0) / usual
+
+    def state(self) -> dict[str, float | None]:
+        return {f"round_weight.{p}": v for p, v in enumerate(self.usual)}
+
+    def load(self, st: dict[str, float | None]) -> None:
+        self.usual = [st.get(f"round_weight.{p}") for p in range(len(self.usual))]
 
 
 def _check(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:

@@ -9,7 +9,7 @@ one fragment's state right after a merge (`fragment_state`), replayed with
 `load_fragment_state`. The drivers serialize these dicts (atoll.live.syncer.store); they
 never read or write the protocol's fields themselves.
 
-    state_dict() = {"rounds_closed": int, "grace": {"step", "to_quorum", "sync", "round_size"},
+    state_dict() = {"rounds_closed": int, "grace": {"step", "to_quorum", "sync", "round_weight.p"},
                     "fragments": [fragment_state(p) without grace/rounds, ...]}
     fragment_state(p) = {"fragment", "version", "theta", "public", "outer": {"buf", "acc",
                          "count"}, "history": {version: public value}, "rounds_closed",
@@ -48,7 +48,7 @@ class DurableState:
     history: list[OrderedDict[int, torch.Tensor]]
     outer_state: list[OuterState]
     grace: Any
-    round_size: Any
+    round_weight: Any
     rounds_closed: int
     round_id: list[int]
     restored_versions: list[int]
@@ -61,16 +61,16 @@ class DurableState:
             hist.popitem(last=False)
 
     def _grace_state(self) -> dict[str, float | None]:
-        """The running averages: the grace window's, and the usual round size (merge.py)."""
+        """The running averages: the grace window's, each fragment's usual round weight."""
         g = self.grace
         return {"step": g.step.value, "to_quorum": g.to_quorum.value, "sync": g.sync.value,
-                "round_size": self.round_size.usual}  # fmt: skip
+                **self.round_weight.state()}  # fmt: skip
 
     def _set_grace(self, st: dict[str, float | None]) -> None:
         self.grace.step.value = st.get("step")
         self.grace.to_quorum.value = st.get("to_quorum")
         self.grace.sync.value = st.get("sync")
-        self.round_size.usual = st.get("round_size")  # absent in older snapshots
+        self.round_weight.load(st)  # absent in older snapshots: None, no scaling yet
 
     def fragment_state(
         self, p: int, keep_history: int | None = None, copy: bool = True

@@ -23,7 +23,7 @@ Closing a round for fragment p:
  3. each learner's outer gradient is taken against the current value:
         theta_m = Theta_pub[base_version] - delta_m ;  Delta_m = Theta_p - theta_m
  4. weights tokens^2/steps, merge (RDA, embeddings: weighted mean; a light round's delta
-    scaled by its learners against the usual round's, merge.py), outer step, version + 1;
+    scaled by its weight against the fragment's usual round, merge.py), outer step, version + 1;
  5. the new value is sent to every live learner: in full (fp32), or as the change of the
     public value quantized with `down_codec` (default int4); the syncer keeps the exact Theta
     and the learners' public copy separately, so what is not sent is carried into the next broadcast
@@ -58,7 +58,7 @@ from atoll.core.events import (
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.guard import MagnitudeGuard
-from atoll.core.merge import LIGHT_ROUNDS, MERGES, RoundSize, merge_fragment
+from atoll.core.merge import LIGHT_ROUNDS, MERGES, RoundWeight, merge_fragment
 from atoll.core.messages import (
     Contribution,
     FragmentUpdate,
@@ -89,7 +89,7 @@ class SyncerConfig:
     grace_ema: float = 0.1
     merge: str = "rda"
     weighting: str = "tokens"  # "tokens" (tokens^2/steps) or "uniform"
-    light_rounds: str = "scale"  # "scale": by its learners against the usual round's; "full"
+    light_rounds: str = "scale"  # "scale": by its weight against the usual round's; "full"
     outer: str = "sgd"  # measured best at small scale; "nesterov" (0.7, 0.9) is the paper's
     outer_lr: float = 1.0
     outer_momentum: float = 0.9
@@ -152,7 +152,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             self.cfg.quorum, self.cfg.tau, self.cfg.grace_gamma, self.cfg.grace_ema, self.cfg.grace
         )
         self.guard = MagnitudeGuard(plan.P, self.cfg.guard)
-        self.round_size = RoundSize(self.cfg.light_rounds)  # checks the setting
+        self.round_weight = RoundWeight(plan.P, self.cfg.light_rounds)
         self.live: set[str] = set()
         self.listening: set[str] = set()  # live learners whose pulls can reach them
         self.reported: dict[str, tuple[int, float]] = {}  # learner -> (steps, work_s) reported
@@ -347,7 +347,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         deltas = [self.plan.split(p, self.theta[p] - pend[i].theta) for i in ids]
         weights = [pend[i].weight for i in ids]
         merged = merge_fragment(deltas, weights, frag.is_embedding, self.cfg.merge)
-        usual, scale = self.round_size.usual, self.round_size.scale(len(ids))
+        usual, scale = self.round_weight.usual[p], self.round_weight.scale(p, sum(weights))
         delta = scale * torch.cat([m.reshape(-1) for m in merged])
         outer_state = dataclasses.replace(self.outer_state[p])  # committed with the merge
         theta = self.outer.step(self.theta[p], delta, outer_state)
@@ -365,7 +365,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
                 public = self.public[p] + codec.decode(frame)
                 update = FragmentUpdate(p, v, "delta", v - 1, frame, included, now)
         except codec.CodecError as exc:  # never committed: the round is dropped
-            self.round_size.usual = usual
+            self.round_weight.usual[p] = usual
             return self._drop(now, p, ids, str(exc))
         self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state
         self.version[p] = v
