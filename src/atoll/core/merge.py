@@ -35,18 +35,20 @@ class RoundWeight:
     rounds), and how far a round of summed weight `total` moves Theta against it."""
 
     def __init__(self, P: int, mode: str = "scale", decay: float = 0.2) -> None:
-        if mode not in LIGHT_ROUNDS:
-            raise ConfigError("light_rounds", mode, f"one of {LIGHT_ROUNDS}")
-        self.mode, self.decay = mode, decay
+        self.mode, self.decay = mode, decay  # mode: checked by SyncerConfig.validate
         self.usual: list[float | None] = [None] * P
 
     def scale(self, p: int, total: float) -> float:
-        """The factor for fragment p's round of summed weight `total` (then averaged in)."""
+        """The factor for fragment p's round of summed weight `total`."""
         usual = self.usual[p]
-        self.usual[p] = total if usual is None else (1 - self.decay) * usual + self.decay * total
         if self.mode == "full" or usual is None or usual <= 0 or total >= usual:
             return 1.0
         return max(total, 0.0) / usual
+
+    def committed(self, p: int, total: float) -> None:
+        """Fragment p's round of summed weight `total` was merged: it joins the average."""
+        usual = self.usual[p]
+        self.usual[p] = total if usual is None else (1 - self.decay) * usual + self.decay * total
 
     def state(self) -> dict[str, float | None]:
         return {f"round_weight.{p}": v for p, v in enumerate(self.usual)}

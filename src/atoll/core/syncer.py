@@ -347,7 +347,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         deltas = [self.plan.split(p, self.theta[p] - pend[i].theta) for i in ids]
         weights = [pend[i].weight for i in ids]
         merged = merge_fragment(deltas, weights, frag.is_embedding, self.cfg.merge)
-        usual, scale = self.round_weight.usual[p], self.round_weight.scale(p, sum(weights))
+        scale = self.round_weight.scale(p, sum(weights))
         delta = scale * torch.cat([m.reshape(-1) for m in merged])
         outer_state = dataclasses.replace(self.outer_state[p])  # committed with the merge
         theta = self.outer.step(self.theta[p], delta, outer_state)
@@ -365,10 +365,10 @@ class SyncerProtocol(Admission, Delivery, DurableState):
                 public = self.public[p] + codec.decode(frame)
                 update = FragmentUpdate(p, v, "delta", v - 1, frame, included, now)
         except codec.CodecError as exc:  # never committed: the round is dropped
-            self.round_weight.usual[p] = usual
             return self._drop(now, p, ids, str(exc))
         self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state
         self.version[p] = v
+        self.round_weight.committed(p, sum(weights))
         self._remember(p)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
         event = RoundClosed(

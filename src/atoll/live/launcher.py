@@ -196,9 +196,7 @@ class Launcher:
             raise RunError(f"{exc}; see {self.run_dir / 'syncer.log'}") from exc
         rc = popen.wait()
         if rc == EXIT_STORE or first:
-            self.events.emit("crashed", "launcher", process="syncer", rc=rc)
-            why = f"the syncer exited (code {rc}) before it answered: see syncer.log"
-            raise RunError(self._restore_failed() if rc == EXIT_STORE else why)
+            raise self._syncer_failed(rc)
 
     def run(self) -> dict[str, Any]:
         start = time.time()
@@ -262,11 +260,15 @@ class Launcher:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
         return summary
 
-    def _restore_failed(self) -> str:
-        """Why the syncer could not restore the run (its `restore_failed` event)."""
+    def _syncer_failed(self, rc: int) -> RunError:
+        """The end of a run whose syncer exited with `rc` and cannot be restarted: why (for
+        EXIT_STORE, its `restore_failed` event) and what to do."""
+        self.events.emit("crashed", "launcher", process="syncer", rc=rc)
+        if rc != EXIT_STORE:
+            return RunError(f"the syncer exited (code {rc}) before it answered: see syncer.log")
         why = [e["data"]["error"] for e in read_events(self.run_dir / "events.jsonl")
                if e["kind"] == "restore_failed"]  # fmt: skip
-        return restore_hint(self.run_dir, why[-1] if why else "see syncer.log")
+        return RunError(restore_hint(self.run_dir, why[-1] if why else "see syncer.log"))
 
     def _syncer_up(self) -> bool:
         p = self.procs["syncer"]
@@ -323,8 +325,7 @@ class Launcher:
                 proc.done = True
                 continue
             if rc == EXIT_STORE and proc.name == "syncer":  # restarting it cannot help
-                self.events.emit("crashed", "launcher", process=proc.name, rc=rc)
-                raise RunError(self._restore_failed())
+                raise self._syncer_failed(rc)
             if proc.down_until is None:  # died on its own: restart after the usual delay
                 self.events.emit("crashed", "launcher", process=proc.name, rc=rc)
                 proc.down_until = now + self.lcfg.restart_delay_s
