@@ -122,6 +122,10 @@ def test_a_scenario_of_every_fault_kind_runs_live_and_nothing_is_lost(tmp_path):
     t0 = next(e["t"] for e in events if e["kind"] == "chaos")  # 3 s into training
     at = {a: t0 - 3.0 + x for a, x in (("stall", 12.0), ("cut", 17.0), ("syncer", 21.0))}
     assert accepted_after("L4", t0), story  # added late, trained and merged
+    # ... at the run's pace from its own start: before, it paced on the run's grid, 10 s
+    # behind at its join, ran unpaced to catch up and finished while the syncer was down
+    l4 = [(e["t"], e["data"]["step"]) for e in events if (e["kind"], e["source"]) == ("step", "L4")]
+    assert len(l4) >= 2 and l4[-1][0] - l4[0][0] >= 0.9 * 0.05 * (l4[-1][1] - l4[0][1]), l4
     assert accepted_after("L2", at["stall"]) and accepted_after("L0", at["cut"]), story
     for lid in ("L0", "L1", "L2", "L4"):  # everyone left after the syncer came back
         assert accepted_after(lid, at["syncer"]), (lid, story)

@@ -132,7 +132,8 @@ def _run_steps(args: argparse.Namespace, learner: object, scfg: object) -> int:
 
 
 def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:
-    """Wait (at most 60 s) for the syncer's start time: all expected learners have joined."""
+    """Wait (at most 60 s) for the syncer's start time, when all expected learners have
+    joined; the time this learner's paced grid starts (now, if that time has passed)."""
     import time
 
     from atoll.live.client import status
@@ -146,6 +147,9 @@ def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:
         if st is not None and st.start_at > 0:
             time.sleep(max(st.start_at - time.time(), 0.0))
             learner._last_step_t = time.time()
-            return st.start_at
+            # a learner added after the start paces from its own start: on the run's grid
+            # it would train unpaced until it caught up (a chaos `add` 13 s late ran 260
+            # steps at full speed and finished while the syncer was down)
+            return max(st.start_at, learner._last_step_t)
         time.sleep(0.05)
     return time.time()
