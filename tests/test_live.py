@@ -268,8 +268,12 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
     if comm == "process":  # the communication runs in a child; this process has no new thread
         assert learner.port.proc.poll() is None
         assert all(not t.name.startswith("atoll-") for t in threading.enumerate())
-    for n, p in model.named_parameters():
-        assert torch.equal(p.detach(), expected[n]), n  # healed from the syncer's values
+    # healed from the syncer's values, int8 (heal_codec): within the codec's bound of each
+    healed = dict(model.named_parameters())
+    for f in learner.proto.plan.fragments:
+        want = torch.cat([expected[n].flatten() for n in f.names])
+        got = torch.cat([healed[n].detach().flatten() for n in f.names])
+        assert bool(((got - want).abs() <= codec.error_bound(want, "int8")).all()), f.names
     schedule = learner.proto.cfg.schedule
     assert schedule == _schedule_of(proc)  # the Welcome carried the syncer's schedule
     x = torch.randint(0, 256, (4, 16))

@@ -129,6 +129,32 @@ def test_a_heal_sends_in_full_what_changed_and_what_does_not_match():
     assert heal.nbytes == s.heal_message().nbytes > 0
 
 
+def test_a_heal_is_int8_by_default_a_quarter_of_fp32_and_its_error_stays_in_the_copy():
+    """heal_codec: a whole fragment goes int8 (the learner's copy is within the codec's
+    bound of the public value), or fp32 (exact). Theta is never touched by it."""
+    sent = {}
+    for scheme in ("int8", "fp32"):
+        s = syncer(heal_codec=scheme)
+        (heal,) = [o.message for o in s.on_join(0.0, "L9") if isinstance(o, Send)]
+        assert {codec.peek(u.payload)[0] for u in heal.updates} == {scheme}
+        theta = [t.clone() for t in s.theta]
+        lp, params = _learner(s)
+        for t in params.values():
+            t.add_(1.0)  # whatever it held is overwritten
+        lp.on_heal(0.0, heal)
+        for p in range(s.plan.P):
+            got = torch.cat([params[n].flatten() for n in s.plan.fragments[p].names])
+            if scheme == "fp32":
+                assert torch.equal(got, s.public[p])
+            else:
+                err = (got - s.public[p]).abs()
+                assert bool((err <= codec.error_bound(s.public[p], "int8")).all())
+                assert float(err.max()) > 0  # lossy: the copy is not the public value
+            assert torch.equal(s.theta[p], theta[p])
+        sent[scheme] = heal.nbytes
+    assert sent["int8"] < 0.3 * sent["fp32"], sent
+
+
 def test_a_link_slower_than_the_overlap_is_reported_once_as_the_bottleneck():
     s = syncer()
     started(s, ["L0", "L1"], [1.0, 1.0])

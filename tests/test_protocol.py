@@ -235,7 +235,7 @@ def test_stepping_before_heal_is_an_error():
 
 
 def test_heal_overwrites_local_parameters():
-    plan, syncer, (l0, _) = setup()
+    plan, syncer, (l0, _) = setup(heal_codec="fp32")  # exact copies (int8: test_pacing_heals)
     syncer.theta[0] += 3.0
     syncer.public[0] = syncer.theta[0].clone()
     l0.params[plan.fragments[0].names[0]] += 100.0

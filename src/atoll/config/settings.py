@@ -119,6 +119,9 @@ class ProtocolSettings:
     # wire
     codec: str = "int4"
     down_codec: str = "int4"
+    # a fragment sent whole (a heal; a slow link's queue that outgrew the fragment): int8 is
+    # a quarter of fp32, |error| <= absmax/254 per group, in the learner's copy only
+    heal_codec: str = "int8"
     group: int = 64
     error_feedback: bool = True
     sync_codec: str = "fp32"  # outer-gradient all-reduce of synchronous DiLoCo

@@ -27,6 +27,7 @@ SEEN_CLAIM_MAX = 1000  # versions a learner may claim to have seen beyond what w
 
 class Admission:
     plan: Any
+    cfg: Any
     version: list[int]
     public: list[torch.Tensor]
     history: list[OrderedDict[int, torch.Tensor]]
@@ -36,13 +37,14 @@ class Admission:
     digest_cache: dict[int, tuple[torch.Tensor, dict[str, bytes]]]  # -> (value, name: digest)
 
     def _full(self, p: int, included: tuple = (), at: float = 0.0) -> FragmentUpdate:
-        """Fragment p's public value in full; its frame is encoded once per value (a storm
+        """Fragment p's public value in full (`heal_codec`); encoded once per value (a storm
         of rejoins costs no re-encoding under the driver's lock). The protocol never changes
         a tensor in place, it replaces it: the tensor's identity keys the cache."""
         v, value = self.version[p], self.public[p]
         hit = self.full_frames.get(p)
         if hit is None or hit[0] is not value:
-            hit = self.full_frames[p] = (value, codec.encode(value, "fp32"))
+            frame = codec.encode(value, self.cfg.heal_codec, self.cfg.group)
+            hit = self.full_frames[p] = (value, frame)
         return FragmentUpdate(p, v, "full", v, hit[1], included, at)
 
     def heal_message(self, digests: Mapping[str, bytes] | None = None) -> Heal:

@@ -16,6 +16,7 @@ from atoll.core.messages import FragmentUpdate
 
 class Delivery:
     plan: Any
+    cfg: Any
     theta: list[torch.Tensor]
     history: list[OrderedDict[int, torch.Tensor]]
 
@@ -37,7 +38,7 @@ class Delivery:
             value = self.history[p].get(new.version)
             if value is None:
                 raise ValueError(f"version {new.version} of fragment {p} is no longer held")
-            full = codec.encode(value, "fp32")
+            full = codec.encode(value, self.cfg.heal_codec, self.cfg.group)
             return (dataclasses.replace(new, kind="full", payload=full, included=included),)
         return (dataclasses.replace(new, included=included),)
 

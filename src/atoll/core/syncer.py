@@ -95,6 +95,7 @@ class SyncerConfig:
     outer_momentum: float = 0.9
     outer_delay: int = 4
     down_codec: str = "int4"
+    heal_codec: str = "int8"  # a fragment sent whole: heals, an overflowing queue
     group: int = 64
     history: int = 64  # public versions kept per fragment to resolve learners' base versions
     schedule: str = "pull"  # "pull": the syncer paces rounds; "push": learners' step counts
@@ -109,6 +110,7 @@ class SyncerConfig:
         if self.light_rounds not in LIGHT_ROUNDS:
             raise ConfigError("light_rounds", self.light_rounds, f"one of {LIGHT_ROUNDS}")
         codec.check_scheme(self.down_codec, "down_codec")
+        codec.check_scheme(self.heal_codec, "heal_codec")
         if self.codec:
             codec.check_scheme(self.codec)
         if self.history < 2:

@@ -170,7 +170,7 @@ class RunResult:
     goodput: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
-    bytes_heal: int = 0  # part of bytes_down: full fp32 models sent to (re)joining learners
+    bytes_heal: int = 0  # part of bytes_down: whole models sent to (re)joining learners
     dp_bytes: int = 0
     rounds: int = 0
     participants_mean: float = 0.0
