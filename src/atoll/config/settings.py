@@ -136,9 +136,11 @@ class ProtocolSettings:
         need(self, self.guard == 0 or 1 < self.guard < math.inf, "guard", "0 (off) or a number > 1")
         need(self, self.H >= 1, "H", "an integer >= 1")
         need(self, self.schedule in ("pull", "push"), "schedule", "'pull' or 'push'")
-        need(self, self.merge in ("rda", "mean"), "merge", "'rda' or 'mean'")
-        need(self, self.weighting in ("tokens", "uniform"), "weighting", "'tokens' or 'uniform'")
-        need(self, self.light_rounds in ("scale", "full"), "light_rounds", "'scale' or 'full'")
+        from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS
+
+        need(self, self.merge in MERGES, "merge", f"one of {MERGES}")
+        need(self, self.weighting in WEIGHTINGS, "weighting", f"one of {WEIGHTINGS}")
+        need(self, self.light_rounds in LIGHT_ROUNDS, "light_rounds", f"one of {LIGHT_ROUNDS}")
         need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
         need(self, 0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")
         if learners is None:

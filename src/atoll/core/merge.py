@@ -28,6 +28,7 @@ from atoll.errors import ConfigError
 
 MERGES = ("rda", "mean")
 LIGHT_ROUNDS = ("scale", "full")
+WEIGHTINGS = ("tokens", "uniform")  # tokens^2/steps, or 1 per contribution
 
 
 class RoundWeight:

@@ -58,7 +58,7 @@ from atoll.core.events import (
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.guard import MagnitudeGuard
-from atoll.core.merge import LIGHT_ROUNDS, MERGES, RoundWeight, merge_fragment
+from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS, RoundWeight, merge_fragment
 from atoll.core.messages import (
     Contribution,
     FragmentUpdate,
@@ -105,8 +105,8 @@ class SyncerConfig:
     def validate(self) -> None:
         if self.merge not in MERGES:
             raise ConfigError("merge", self.merge, f"one of {MERGES}")
-        if self.weighting not in ("tokens", "uniform"):
-            raise ConfigError("weighting", self.weighting, "'tokens' or 'uniform'")
+        if self.weighting not in WEIGHTINGS:
+            raise ConfigError("weighting", self.weighting, f"one of {WEIGHTINGS}")
         if self.light_rounds not in LIGHT_ROUNDS:
             raise ConfigError("light_rounds", self.light_rounds, f"one of {LIGHT_ROUNDS}")
         codec.check_scheme(self.down_codec, "down_codec")
