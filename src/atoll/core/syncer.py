@@ -349,7 +349,8 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         deltas = [self.plan.split(p, self.theta[p] - pend[i].theta) for i in ids]
         weights = [pend[i].weight for i in ids]
         merged = merge_fragment(deltas, weights, frag.is_embedding, self.cfg.merge)
-        scale = self.round_weight.scale(p, sum(weights))
+        total = sum(weights)
+        scale = self.round_weight.scale(p, total)
         delta = scale * torch.cat([m.reshape(-1) for m in merged])
         outer_state = dataclasses.replace(self.outer_state[p])  # committed with the merge
         theta = self.outer.step(self.theta[p], delta, outer_state)
@@ -370,7 +371,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             return self._drop(now, p, ids, str(exc))
         self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state
         self.version[p] = v
-        self.round_weight.committed(p, sum(weights))
+        self.round_weight.committed(p, total)
         self._remember(p)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
         event = RoundClosed(

@@ -145,11 +145,13 @@ def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:
         except Exception:  # noqa: BLE001 - the syncer may be restarting; keep waiting
             st = None
         if st is not None and st.start_at > 0:
-            time.sleep(max(st.start_at - time.time(), 0.0))
-            learner._last_step_t = time.time()
             # a learner added after the start paces from its own start: on the run's grid
             # it would train unpaced until it caught up (a chaos `add` 13 s late ran 260
-            # steps at full speed and finished while the syncer was down)
-            return max(st.start_at, learner._last_step_t)
+            # steps at full speed and finished while the syncer was down); the others
+            # share the grid exactly
+            late = st.start_at < time.time()
+            time.sleep(max(st.start_at - time.time(), 0.0))
+            learner._last_step_t = time.time()
+            return learner._last_step_t if late else st.start_at
         time.sleep(0.05)
     return time.time()
