@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from atoll.core.events import Event
+from atoll.core.events import Event, Record
 
 
 class EventLog:
@@ -32,8 +32,14 @@ class EventLog:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def emit(self, kind: str, source: str, **data: Any) -> None:
-        """Write an event of `kind` (one of atoll.core.events.KINDS) stamped now."""
+        """Write an event of `kind` (one of atoll.core.events.KINDS) stamped now.
+        Deprecated: call sites use `record` with a typed record."""
         self.write(Event.make(time.time(), kind, source, **data))
+
+    def record(self, source: str, data: Record, t: float | None = None) -> None:
+        """Write one typed record (atoll.core.events) from `source`, stamped `t` (default:
+        now)."""
+        self.write(Event(time.time() if t is None else t, source, data))
 
     def write(self, event: Event) -> None:
         """Append one line. A disk that refuses it (full, read-only) costs the line, counted
