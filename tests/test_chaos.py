@@ -346,7 +346,7 @@ def test_faults_after_the_run_change_nothing(corpus):
     base_sim, base = run(corpus, "", steps=8)
     sim, r = run(corpus, "kill:L1@900+1,cut:L0@950+1,kill:syncer@990+1", steps=8)
     assert r.eval_loss == base.eval_loss and r.wall_time_s == base.wall_time_s
-    assert sim.events == base_sim.events and sim.skipped == 3
+    assert sim.events == base_sim.events and sim.faults.skipped == 3
 
 
 def test_data_parallel_stops_for_a_killed_worker(corpus):

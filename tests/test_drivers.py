@@ -75,25 +75,25 @@ def run_virtual(script) -> tuple[dict, list]:
     now = 0.0
     pulls = []
     for lr in sim.learners:
-        sim._syncer_outputs(now, sim.syncer.on_join(now, lr.id))
+        sim.syncer_outputs(now, sim.syncer.on_join(now, lr.id))
     for action, lid, args in script:
         now += 0.01
         lr = sim.by_id[lid]
         if action == "progress":
-            sim._on_up(now, lr, Progress(lid, args[0], args[1], now, args[2]))
+            sim.on_up(now, lr, Progress(lid, args[0], args[1], now, args[2]))
         elif action == "contribute":
             p, seq, base, payload, steps, tokens = args
             c = Contribution(lid, p, seq, base, payload, steps, tokens, now, STEP_S)
-            sim._on_up(now, lr, c)
+            sim.on_up(now, lr, c)
         elif action == "lose":
-            sim._on_fail(now, lr, 1.0)
+            sim.fail(now, lr, 1.0)
         elif action == "join":
-            sim._on_recover(now, lr)
+            sim.recover(now, lr)
         # the syncer's timers now due (the pull clock), as the driver's loop runs them
         timers = sorted(x for x in sim.queue if x[2] == "timer" and x[0] <= now)
         for x in timers:
             sim.queue.remove(x)
-            sim._syncer_outputs(x[0], sim.syncer.on_timer(x[0], x[3][0]))
+            sim.syncer_outputs(x[0], sim.syncer.on_timer(x[0], x[3][0]))
         heapq.heapify(sim.queue)
     for _, _, kind, args in sorted(sim.queue):
         if kind == "down" and isinstance(args[2], Pull):

@@ -1,9 +1,20 @@
 """The learner protocol state machine (sans-I/O).
 
 It owns no model and no socket. A driver tells it: a local step finished (`on_step`), a message
-arrived (`on_heal`, `on_update`), and asks it what to do: outputs to send, whether the next step
-must wait (`blocked`), and it applies due global fragments to the parameter tensors it was
-given (`apply_due`), at step boundaries only.
+arrived (`on_heal`, `on_update`, `on_pull`, `on_refused`, `on_welcome`), the syncer's answer to
+a heartbeat (`on_budget`, `request_stop`), and asks it, at every step boundary, what to do
+(`boundary`: the sends, the events, and whether to wait and for how long, or that its run is
+over). It applies due global fragments to the parameter tensors it was given, at step
+boundaries only. Both drivers (atoll.sim.decoupled, atoll.live.learner.api) make these calls
+and decide nothing of their own.
+
+Lifecycle (`phase`, a `Phase`):
+    JOINING  until the first heal (a learner never trains from its own initialisation)
+    RUNNING  stepping
+    WAITING  at a step boundary, for an answer due before the next step (`max_wait_s`)
+    DONE     its run is over: the token budget is spent (its share of it, or the syncer said
+             stop) and the final flush was sent
+    DOWN     its process died (the driver says so: `on_down`); a new process is a new protocol
 
 Life of fragment p on a learner:
     step s with s mod H == t_p  -> send Contribution(delta = base_p - theta_p, counters)
@@ -30,7 +41,6 @@ fragment's share since its previous send; `final_flush` sends every fragment wit
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,43 +48,14 @@ import torch
 
 from atoll.core import codec
 from atoll.core.counters import FragmentCounters
-from atoll.core.events import Applied, Event, Healed
+from atoll.core.events import Applied, Blocked, Event, Healed, HealNeeded, PushRefused
 from atoll.core.fragments import FlatFragments, FragmentPlan
 from atoll.core.grace import EMA
+from atoll.core.learner_types import Boundary, HealRequest, LearnerConfig, Phase, supersede
 from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Progress, Pull, Send
-from atoll.core.receipt import check_mode, receive
-from atoll.errors import ConfigError
+from atoll.core.receipt import receive
 
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    tau: int = 2
-    codec: str = "int4"
-    group: int = 64
-    error_feedback: bool = True
-    receipt: str = "overwrite"
-    alpha: float = 0.5
-    block: bool = True  # wait at step s+tau for the answer to the send at step s
-    schedule: str = "pull"  # "pull" (syncer-paced) or "push" (step-count schedule)
-
-    def validate(self, H: int) -> None:
-        if not 0 <= self.tau < H:
-            raise ConfigError("tau", self.tau, f"an integer in [0, H={H}) (overlap steps)")
-        codec.check_scheme(self.codec)
-        if self.group < 1:
-            raise ConfigError("group", self.group, "an integer >= 1")
-        check_mode(self.receipt, self.alpha)
-        if self.schedule not in ("pull", "push"):
-            raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
-
-
-def supersede(old: Outgoing, new: Outgoing) -> Outgoing:
-    """A newer send of a fragment in place of an older one still waiting to go out: its delta
-    is measured from the same base and so holds the older one's progress; it carries the older
-    one's work (goodput) too."""
-    if old.fragment != new.fragment:
-        raise ValueError(f"fragment {new.fragment} cannot supersede a send of {old.fragment}")
-    return dataclasses.replace(new, work_s=new.work_s + old.work_s)
+__all__ = ["Boundary", "HealRequest", "LearnerConfig", "LearnerProtocol", "Phase", "supersede"]
 
 
 @dataclass
@@ -111,13 +92,26 @@ class LearnerProtocol:
         self.step_time = EMA(0.1)
         self.work_s = 0.0  # step-seconds since this learner started
         self.unsent = [0.0] * plan.P  # step-seconds per fragment not yet sent
-        self.healed = False
         self.base: list[torch.Tensor] = []  # global value each fragment's theta is based on
         self.base_version: list[int] = []
         self.latest: list[torch.Tensor] = []  # newest public global value (may be unapplied)
         self.latest_version: list[int] = []
         self.outstanding: dict[int, _Outstanding] = {}
         self.pulled: set[int] = set()
+        self.phase = Phase.JOINING
+        self.wait_since = 0.0  # when the current wait began (WAITING)
+        self.stopped = False  # the syncer said the run is over
+        self.share: tuple[int, float] | None = None  # (tokens at the answer, tokens left)
+
+    @property
+    def healed(self) -> bool:
+        """Whether it has loaded the global fragments (it trains only then)."""
+        return self.generation > 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens trained by this learner (reported in its heartbeats)."""
+        return self.counters.total_tokens
 
     def _flatten(self, p: int, copy: bool = True) -> torch.Tensor:
         """Fragment p of the parameters, flat; `copy=False` may return the live buffer."""
@@ -157,7 +151,8 @@ class LearnerProtocol:
         self.pulled.clear()
         self.unsent = [0.0] * self.plan.P  # overwritten by the heal: that work is lost
         self.generation += 1
-        self.healed = True
+        if self.phase is not Phase.DONE:
+            self.phase = Phase.RUNNING
         return [Event(now, self.id, Healed(versions=list(self.base_version)))]
 
     def on_step(self, now: float, tokens: int, step_time: float) -> list[Send]:
@@ -173,15 +168,93 @@ class LearnerProtocol:
         unsent = self.unsent
         for p in range(self.plan.P):
             unsent[p] += share
+        if self.phase is Phase.DONE:
+            return []  # its run is over: only `finish` sends (what was trained since)
         if self.cfg.schedule == "push":
             return self.send_now(now, self.plan.due(self.step))
         progress = Send("syncer", Progress(self.id, self.step, step_time, now, self.work_s))
         return [progress, *self.take_pulled(now)]
 
-    def on_pull(self, now: float, pull: Pull) -> None:
-        """The syncer asks for a fragment; it goes out at the next step boundary."""
-        if 0 <= pull.fragment < self.plan.P:
+    def on_pull(self, now: float, pull: Pull) -> list[Send]:
+        """The syncer asks for a fragment; it goes out at the next step boundary, or at once
+        when the learner is idle there (waiting for an answer)."""
+        if 0 <= pull.fragment < self.plan.P and self.phase is not Phase.DONE:
             self.pulled.add(pull.fragment)
+        return self.take_pulled(now) if self.phase is Phase.WAITING else []
+
+    def on_refused(self, now: float, fragment: int, reason: str, action: str) -> list:
+        """The syncer refused a contribution: an event, and a heal when that is its answer."""
+        out: list = [Event(now, self.id, PushRefused(fragment, reason))]
+        if action == "heal":
+            out.append(Send("syncer", HealRequest(reason)))
+        return out
+
+    def on_welcome(self, now: float, restarted: bool, heal: bool) -> list[Send]:
+        """The syncer welcomed it again. A syncer that `restarted` lost its open rounds: when
+        it resumes (keeps its progress, no `heal`), every fragment sent and not yet answered
+        is sent again (its delta from the same base holds that work, so none of it is lost)."""
+        if not restarted or heal or not self.healed or self.phase is Phase.DONE:
+            return []
+        self.pulled.clear()
+        return self.send_now(now, sorted(p for p, r in self.outstanding.items() if not r.answered))
+
+    # -- the token budget and the end of the run --------------------------------------------
+    def on_budget(self, tokens: int, remaining: int, live: int) -> None:
+        """The syncer's answer to a heartbeat that carried `tokens`: `remaining` tokens of the
+        budget are left for `live` learners; this learner's share is its part of them."""
+        self.share = (tokens, remaining / max(live, 1))
+
+    def request_stop(self) -> None:
+        """The syncer says the run's token budget is spent."""
+        self.stopped = True
+
+    @property
+    def should_stop(self) -> bool:
+        """The budget is spent: the syncer said so, or this learner trained its share."""
+        if self.stopped or self.phase is Phase.DONE:
+            return True
+        share = self.share
+        return share is not None and self.tokens - share[0] >= share[1]
+
+    def boundary(self, now: float) -> Boundary:
+        """A step boundary (after `on_step`, or while waiting when something arrived or the
+        wait is up): apply the answered fragments whose overlap has elapsed, then step on,
+        wait for an answer due before the next step, or end the run with the final flush."""
+        if self.phase is Phase.DONE:
+            return Boundary(done=True)
+        events: list[Event] = []
+        if self.phase is Phase.WAITING:
+            left = self.wait_since + self.cfg.max_wait_s - now
+            if self.blocked() and left > 0:
+                return Boundary(wait_s=left)
+            events += self._end_wait(now)
+        events += self.apply_due(now)
+        if self.should_stop:
+            end = self.finish(now)
+            return Boundary(end.sends, events + end.events, 0.0, True)
+        if self.cfg.max_wait_s > 0 and self.blocked():
+            self.phase, self.wait_since = Phase.WAITING, now
+            return Boundary([], events, self.cfg.max_wait_s)
+        return Boundary([], events)
+
+    def finish(self, now: float) -> Boundary:
+        """The end of this learner's run: stop waiting, send every fragment with unsent work
+        once (the final flush). It sends nothing more but what it trains after this."""
+        events = self._end_wait(now)
+        self.phase = Phase.DONE
+        return Boundary(self.final_flush(now), events, 0.0, True)
+
+    def on_down(self, now: float) -> list[Event]:
+        """Its process died (the driver's word): a wait in progress ends."""
+        events = self._end_wait(now)
+        self.phase = Phase.DOWN
+        return events
+
+    def _end_wait(self, now: float) -> list[Event]:
+        if self.phase is not Phase.WAITING:
+            return []
+        self.phase = Phase.RUNNING
+        return [Event(now, self.id, Blocked(now - self.wait_since))]
 
     def take_pulled(self, now: float) -> list[Send]:
         """Contributions for every pulled fragment (call at a step boundary: after a step,
@@ -240,20 +313,20 @@ class LearnerProtocol:
             )
         return out
 
-    def on_update(
-        self, now: float, u: FragmentUpdate, value: torch.Tensor | None = None
-    ) -> list[Event]:
+    def on_update(self, now: float, u: FragmentUpdate, value: torch.Tensor | None = None) -> list:
         """A broadcast update arrived. `value`, when given, is `u.payload` already decoded (a
         flat float32 tensor, e.g. decoded by a driver's communication thread); it is then used
-        as is (not copied, not changed) instead of decoding the payload here."""
+        as is (not copied, not changed) instead of decoding the payload here. A delta that
+        does not chain onto what the learner has asks for a heal (`HealRequest`)."""
         p = u.fragment
-        if u.version <= self.latest_version[p]:
+        if not self.healed or u.version <= self.latest_version[p]:
             return []
         if u.kind != "full" and u.base_version != self.latest_version[p]:
-            raise ValueError(
+            reason = (
                 f"delta update for fragment {p} based on version {u.base_version}, "
                 f"learner has {self.latest_version[p]}: it must heal"
             )
+            return [Event(now, self.id, HealNeeded(reason)), Send("syncer", HealRequest(reason))]
         numel = self.plan.fragments[p].numel
         if value is None:
             value = codec.decode(u.payload, numel)
@@ -313,6 +386,9 @@ class LearnerProtocol:
             "seq": self.seq,
             "generation": self.generation,
             "healed": self.healed,
+            "phase": self.phase.value,
+            "stopped": self.stopped,
+            "share": self.share,
             "step_time": self.step_time.value,
             "work_s": self.work_s,
             "unsent": list(self.unsent),
@@ -339,7 +415,11 @@ class LearnerProtocol:
         if len(st["unsent"]) != self.plan.P:
             raise ValueError(f"state has {len(st['unsent'])} fragments, the plan {self.plan.P}")
         self.step, self.seq, self.generation = st["step"], st["seq"], st["generation"]
-        self.healed, self.step_time.value, self.work_s = st["healed"], st["step_time"], st["work_s"]
+        self.step_time.value, self.work_s = st["step_time"], st["work_s"]
+        self.phase = Phase(st.get("phase", Phase.RUNNING if st["healed"] else Phase.JOINING))
+        self.wait_since, self.stopped, self.share = 0.0, st.get("stopped", False), st.get("share")
+        if self.phase is Phase.WAITING:  # a wait does not outlive its process
+            self.phase = Phase.RUNNING
         self.unsent = list(st["unsent"])
         self.counters.load_state_dict(st["counters"])
         self.base = [t.clone() for t in st["base"]]

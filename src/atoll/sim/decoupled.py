@@ -18,14 +18,15 @@ Each step's time is split evenly over the P fragments (the learner protocol keep
 a fragment's share becomes useful when the syncer accepts a contribution carrying it, and is
 lost if the learner dies first. The run's statistics are computed from the event stream by
 atoll.metrics, as a live run's are. Each learner's encoder (with its error feedback) is this
-driver's: the protocol hands out raw deltas, encoded here in send order.
+driver's: the protocol hands out raw deltas, encoded here in send order. What a learner does at
+a step boundary (step on, wait for an answer, end its run with the final flush) is its
+protocol's decision (`LearnerProtocol.boundary`), as in a live learner.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 
 import torch
 
@@ -33,9 +34,9 @@ from atoll import metrics
 from atoll.config import SimConfig
 from atoll.core import codec
 from atoll.core.codec import ContributionEncoder
-from atoll.core.events import Blocked, Event, Failed, Reconnected, Rejoined, Sent
+from atoll.core.events import Event, Failed, Reconnected, Rejoined, Sent
 from atoll.core.fragments import make_plan
-from atoll.core.learner import LearnerProtocol
+from atoll.core.learner import Boundary, HealRequest, LearnerProtocol, Phase
 from atoll.core.messages import (
     CONTROL_BYTES,
     Contribution,
@@ -52,7 +53,8 @@ from atoll.core.syncer import SyncerProtocol
 from atoll.model.data import ByteCorpus
 from atoll.model.recipe import load_corpus, new_model
 from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
-from atoll.sim.faults import FINISHED, FaultInjection
+from atoll.sim.faults import Faults
+from atoll.sim.learner import SimLearner
 from atoll.sim.world import (
     EvalPoints,
     FailureSchedule,
@@ -60,35 +62,8 @@ from atoll.sim.world import (
     ProgressFn,
     RunResult,
     StepClock,
-    Windows,
     dp_equivalent_bytes,
 )
-
-
-@dataclass
-class _Learner:
-    id: str
-    index: int
-    model: torch.nn.Module
-    opt: torch.optim.Optimizer
-    proto: LearnerProtocol
-    data: DataStream
-    clock: StepClock
-    failures: FailureSchedule
-    up: Link
-    down: Link
-    state: str = "joining"  # joining | running | waiting | down | done | absent | gone
-    incarnation: int = 0
-    local_steps: int = 0
-    wait_since: float = 0.0
-    down_since: float = 0.0
-    next_failure: tuple[float, float] | None = None
-    encoder: ContributionEncoder | None = None
-    inflight: dict[int, float] = field(default_factory=dict)  # seq -> step-seconds
-    step_at: float = 0.0  # when the step in progress ends (its own time: step_dt)
-    step_dt: float = 0.0
-    stalls: Windows | None = None  # chaos: when its process is stopped
-    net: Windows | None = None  # chaos: when its link is cut or slowed (= up/down.outages)
 
 
 def _nbytes(msg: object) -> int:
@@ -101,7 +76,7 @@ def _nbytes(msg: object) -> int:
     return CONTROL_BYTES
 
 
-class DecoupledSim(FaultInjection):
+class DecoupledSim:
     def __init__(
         self,
         cfg: SimConfig,
@@ -125,19 +100,16 @@ class DecoupledSim(FaultInjection):
             cfg.syncer_config(),
         )
         bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
-        self.learners: list[_Learner] = []
+        self.learners: list[SimLearner] = []
         for i in range(cfg.learners):
             model = new_model(cfg)
-            lid = f"L{i}"
             self.learners.append(
-                _Learner(
-                    id=lid,
+                SimLearner(
+                    id=f"L{i}",
                     index=i,
                     model=model,
                     opt=new_inner_optimizer(model, cfg),
-                    proto=LearnerProtocol(
-                        lid, self.plan, dict(model.named_parameters()), cfg.learner_config()
-                    ),
+                    proto=self._protocol(f"L{i}", model),
                     data=DataStream(cfg, corpus, i),
                     clock=StepClock(cfg, i),
                     failures=FailureSchedule(cfg, i),
@@ -146,7 +118,7 @@ class DecoupledSim(FaultInjection):
                     encoder=self._encoder(),
                 )
             )
-        self.by_id = {lr.id: lr for lr in self.learners}
+        self.by_id = {learner.id: learner for learner in self.learners}
         self.queue: list = []
         self._seq = itertools.count()
         self.events: list[Event] = []
@@ -158,171 +130,189 @@ class DecoupledSim(FaultInjection):
         self.heal_bytes = 0
         self.curve: list[dict[str, float]] = []
         self.eval_points = EvalPoints(self.budget, cfg.eval_points)
-        self.init_faults()
+        self.faults = Faults(self)
 
-    # -- plumbing -----------------------------------------------------------------------------
-    def _push(self, t: float, kind: str, *args) -> None:
-        heapq.heappush(self.queue, (t, next(self._seq), kind, args))
-
-    def _syncer_outputs(self, now: float, outputs: list) -> None:
-        for o in outputs:
-            if isinstance(o, Event):
-                self.events.append(o)
-                self.track_output(o)
-            elif isinstance(o, SetTimer):
-                self._push(o.at, "timer", o.key, self.syncer_epoch)
-            elif isinstance(o, Send):
-                lr = self.by_id[o.to]
-                if lr.state == "down":
-                    continue
-                nbytes = _nbytes(o.message)
-                if isinstance(o.message, Heal):
-                    self.heal_bytes += nbytes
-                self.track_output(o)
-                at = lr.down.transfer(now, nbytes)
-                self._push(at, "down", lr.id, lr.incarnation, o.message, self.syncer_epoch)
-
-    def _start_step(self, now: float, lr: _Learner) -> None:
-        lr.state = "running"
-        dt = lr.clock.draw()
-        lr.step_at, lr.step_dt = lr.stalls.advance(now, dt) if lr.stalls else now + dt, dt
-        self._push(lr.step_at, "step", lr.id, lr.incarnation, dt)
-
-    def _boundary(self, now: float, lr: _Learner) -> None:
-        """Between two steps: apply due fragments, then step again, wait, or stop."""
-        self.events += lr.proto.apply_due(now)
-        if self.stopping:
-            self._finish(now, lr)
-        elif lr.proto.blocked():
-            lr.state, lr.wait_since = "waiting", now
-        else:
-            self._start_step(now, lr)
-
-    def _end_wait(self, now: float, lr: _Learner) -> None:
-        """A waiting learner stops waiting (answer arrived, budget spent, or it failed)."""
-        if lr.state == "waiting":
-            self.events.append(Event(now, lr.id, Blocked(now - lr.wait_since)))
-
-    def _finish(self, now: float, lr: _Learner) -> None:
-        """The token budget is spent: send every fragment's remaining work once, then stop."""
-        self._end_wait(now, lr)
-        lr.state = "done"
-        self.end_time = max(self.end_time, now)
-        for s in lr.proto.final_flush(now):
-            self._send_up(now, lr, s.message)
+    def _protocol(self, lid: str, model: torch.nn.Module) -> LearnerProtocol:
+        """A fresh learner process's protocol (parameters come from its first heal)."""
+        params = dict(model.named_parameters())
+        return LearnerProtocol(lid, self.plan, params, self.cfg.learner_config())
 
     def _encoder(self) -> ContributionEncoder:
         return ContributionEncoder(self.cfg.codec, self.cfg.group, self.cfg.error_feedback)
 
-    def _send_up(self, now: float, lr: _Learner, o: Outgoing | Progress) -> None:
-        if isinstance(o, Progress):
-            self._push(lr.up.transfer(now, CONTROL_BYTES), "up", lr.id, lr.incarnation, o)
+    # -- plumbing -----------------------------------------------------------------------------
+    def push(self, t: float, kind: str, *args) -> None:
+        heapq.heappush(self.queue, (t, next(self._seq), kind, args))
+
+    def syncer_outputs(self, now: float, outputs: list) -> None:
+        for o in outputs:
+            if isinstance(o, Event):
+                self.events.append(o)
+            elif isinstance(o, SetTimer):
+                self.push(o.at, "timer", o.key, self.faults.syncer_epoch)
+            elif isinstance(o, Send):
+                learner = self.by_id[o.to]
+                if learner.phase is Phase.DOWN:
+                    continue
+                nbytes = _nbytes(o.message)
+                if isinstance(o.message, Heal):
+                    self.heal_bytes += nbytes
+                at = learner.down.transfer(now, nbytes)
+                epoch = self.faults.syncer_epoch
+                self.push(at, "down", learner.id, learner.incarnation, o.message, epoch)
+
+    def _learner_outputs(self, now: float, learner: SimLearner, outputs: list) -> None:
+        """A learner protocol's outputs: events into the stream, sends up its link."""
+        for o in outputs:
+            if isinstance(o, Event):
+                self.events.append(o)
+            else:
+                self._send_up(now, learner, o.message)
+
+    def _start_step(self, now: float, learner: SimLearner) -> None:
+        dt = learner.clock.draw()
+        stalls = learner.stalls
+        learner.step_at, learner.step_dt = stalls.advance(now, dt) if stalls else now + dt, dt
+        self.push(learner.step_at, "step", learner.id, learner.incarnation, dt)
+
+    def _boundary(self, now: float, learner: SimLearner) -> None:
+        """Between two steps: the protocol says step again, wait, or stop."""
+        self._act(now, learner, learner.proto.boundary(now))
+
+    def _act(self, now: float, learner: SimLearner, b: Boundary) -> None:
+        self._learner_outputs(now, learner, [*b.events, *b.sends])
+        if b.done:
+            self.end_time = max(self.end_time, now)
+        elif b.wait_s == 0:
+            self._start_step(now, learner)
+
+    def _send_up(self, now: float, learner: SimLearner, o: object) -> None:
+        if isinstance(o, Progress | HealRequest):
+            at = learner.up.transfer(now, CONTROL_BYTES)
+            self.push(at, "up", learner.id, learner.incarnation, o)
             return
-        assert lr.encoder is not None
-        c = lr.encoder.encode(o)
+        assert isinstance(o, Outgoing) and learner.encoder is not None
+        c = learner.encoder.encode(o)
         if c is None:  # encoded after a heal that made it obsolete: not sent
             return
-        lr.inflight[c.seq] = c.work_s
-        self.last_sent[(lr.id, c.fragment)] = c.seq
+        learner.inflight[c.seq] = c.work_s
         sent = Sent(c.fragment, c.seq, c.base_version, len(c.payload), c.steps, c.tokens)
-        self.events.append(Event(now, lr.id, sent))
-        self._push(lr.up.transfer(now, len(c.payload)), "up", lr.id, lr.incarnation, c)
+        self.events.append(Event(now, learner.id, sent))
+        at = learner.up.transfer(now, len(c.payload))
+        self.push(at, "up", learner.id, learner.incarnation, c)
 
     # -- event handlers -----------------------------------------------------------------------
-    def _on_step(self, now: float, lr: _Learner, dt: float) -> None:
-        batch = lr.data.next()
-        train_step(lr.model, lr.opt, batch, inner_lr(self.cfg, lr.local_steps))
-        lr.local_steps += 1
+    def _on_step(self, now: float, learner: SimLearner, dt: float) -> None:
+        batch = learner.data.next()
+        train_step(learner.model, learner.opt, batch, inner_lr(self.cfg, learner.local_steps))
+        learner.local_steps += 1
         tokens = batch[0].numel()
         self.tokens += tokens
-        for s in lr.proto.on_step(now, tokens, dt):
-            self._send_up(now, lr, s.message)
+        self._learner_outputs(now, learner, learner.proto.on_step(now, tokens, dt))
         self._maybe_eval(now)
         if self.progress:
             self.progress(min(self.tokens, self.budget), self.budget)
         if self.tokens >= self.budget and not self.stopping:
-            self.stopping = True
-            for other in self.learners:
-                if other is not lr and other.state == "waiting":
-                    self._finish(now, other)
-        self._boundary(now, lr)
+            self._stop(now, learner)
+        self._boundary(now, learner)
 
-    def _on_up(self, now: float, lr: _Learner, c: Contribution | Progress) -> None:
-        if self.syncer_down:
-            self.hold(lr, c)
+    def _stop(self, now: float, by: SimLearner) -> None:
+        """The token budget is spent: the syncer tells every learner (in virtual time, at
+        once); one waiting at a step boundary ends its run now, the others at their next."""
+        self.stopping = True
+        for other in self.learners:
+            other.proto.request_stop()
+            if other is not by and other.phase is Phase.WAITING:
+                self._act(now, other, other.proto.finish(now))
+
+    def on_up(self, now: float, learner: SimLearner, c: Contribution | Progress) -> None:
+        if self.faults.syncer_down:
+            self.faults.hold(learner, c)
             return
         if isinstance(c, Progress):
-            self._syncer_outputs(now, self.syncer.on_progress(now, c))
+            self.syncer_outputs(now, self.syncer.on_progress(now, c))
             return
-        lr.inflight.pop(c.seq, None)
-        self._syncer_outputs(now, self.syncer.on_contribution(now, c))
+        if isinstance(c, HealRequest):
+            self.syncer_outputs(now, self.syncer.on_join(now, learner.id))
+            return
+        learner.inflight.pop(c.seq, None)
+        self.syncer_outputs(now, self.syncer.on_contribution(now, c))
 
-    def _on_down(self, now: float, lr: _Learner, msg: object, epoch: int) -> None:
-        if isinstance(msg, Heal) and epoch != self.syncer_epoch:
-            return  # from a syncer that has since died: the restarted one heals it again
-        if isinstance(msg, FragmentUpdate | Resumed) and not lr.proto.healed:
-            return  # an update of a dead syncer overtook the heal of the new one
+    def _on_down(self, now: float, learner: SimLearner, msg: object, epoch: int) -> None:
+        proto = learner.proto
         if isinstance(msg, Heal):
-            self.events += lr.proto.on_heal(now, msg)
-            if lr.incarnation > 0:
-                self.events.append(Event(now, lr.id, Rejoined(now - lr.down_since)))
-            self._schedule_failure(now, lr)
+            if epoch != self.faults.syncer_epoch:
+                return  # from a syncer that has since died: the restarted one heals it again
+            self.events += proto.on_heal(now, msg)
+            if learner.incarnation > 0:
+                self.events.append(Event(now, learner.id, Rejoined(now - learner.down_since)))
+            self._schedule_failure(now, learner)
             if self.stopping:
-                lr.state = "done"
+                proto.request_stop()
+                self._learner_outputs(now, learner, proto.finish(now).sends)
             else:
-                self._start_step(now, lr)
+                self._start_step(now, learner)
             return
         if isinstance(msg, Pull):
-            lr.proto.on_pull(now, msg)
-            if lr.state == "waiting":  # idle at a step boundary: answer the pull at once
-                for s in lr.proto.take_pulled(now):
-                    self._send_up(now, lr, s.message)
+            self._learner_outputs(now, learner, proto.on_pull(now, msg))
             return
         if isinstance(msg, Resumed):  # the syncer restarted: it kept our base versions
+            if not proto.healed:
+                return  # an update of a dead syncer overtook the heal of the new one
+            self._learner_outputs(now, learner, proto.on_welcome(now, True, False))
             for u in msg.updates:
-                self.events += lr.proto.on_update(now, u)
-            self.events.append(Event(now, lr.id, Reconnected(False, str(epoch))))
+                self._learner_outputs(now, learner, proto.on_update(now, u))
+            self.events.append(Event(now, learner.id, Reconnected(False, str(epoch))))
         else:
             assert isinstance(msg, FragmentUpdate)
-            self.events += lr.proto.on_update(now, msg)
-        if lr.state == "waiting" and not lr.proto.blocked():
-            self._end_wait(now, lr)
-            self._boundary(now, lr)
+            self._learner_outputs(now, learner, proto.on_update(now, msg))
+        if proto.phase is Phase.WAITING:
+            self._boundary(now, learner)
 
-    def _schedule_failure(self, now: float, lr: _Learner) -> None:
-        nxt = lr.failures.next()
+    def _schedule_failure(self, now: float, learner: SimLearner) -> None:
+        nxt = learner.failures.next()
         if nxt is not None:
             fail_at, back_at = nxt
             fail_at = max(fail_at, now)
-            self._push(fail_at, "fail", lr.id, lr.incarnation, back_at - nxt[0])
+            self.push(fail_at, "fail", learner.id, learner.incarnation, back_at - nxt[0])
 
-    def _on_fail(self, now: float, lr: _Learner, downtime: float) -> None:
-        if lr.state == "done" or self.stopping:
+    def _died(self, now: float, learner: SimLearner) -> None:
+        """Its process is gone: whatever it had under way is void, its links start over."""
+        self.events += learner.proto.on_down(now)
+        learner.inflight.clear()
+        learner.incarnation += 1
+        learner.up.reset(now)
+        learner.down.reset(now)
+        self.faults.process_died(now, learner)
+
+    def fail(self, now: float, learner: SimLearner, downtime: float) -> None:
+        if learner.phase is Phase.DONE or self.stopping:
             return
-        self._end_wait(now, lr)
-        lost = lr.proto.unsent_work() + sum(lr.inflight.values())
+        lost = learner.proto.unsent_work() + sum(learner.inflight.values())
+        self.events += learner.proto.on_down(now)
         self.failures += 1
-        lr.inflight.clear()
-        lr.state, lr.down_since = "down", now
-        lr.incarnation += 1
-        lr.up.reset(now)
-        lr.down.reset(now)
-        self.events.append(Event(now, lr.id, Failed(lost)))
-        self.process_died(now, lr)
-        if not self.syncer_down:
-            self._syncer_outputs(now, self.syncer.on_lost(now, lr.id))
-        self._push(now + downtime, "recover", lr.id, lr.incarnation)
+        learner.down_since = now
+        self.events.append(Event(now, learner.id, Failed(lost)))
+        self._died(now, learner)
+        if not self.faults.syncer_down:
+            self.syncer_outputs(now, self.syncer.on_lost(now, learner.id))
+        self.push(now + downtime, "recover", learner.id, learner.incarnation)
 
-    def _on_recover(self, now: float, lr: _Learner) -> None:
+    def leave(self, now: float, learner: SimLearner) -> None:
+        """Removed for good (chaos `remove`): unsent work is lost, the syncer drops it."""
+        was_down = learner.phase is Phase.DOWN
+        self._died(now, learner)
+        learner.member = "gone"
+        if not was_down and not self.faults.syncer_down:
+            self.syncer_outputs(now, self.syncer.on_lost(now, learner.id, "removed"))
+
+    def recover(self, now: float, learner: SimLearner) -> None:
         # a fresh process: new inner optimizer and protocol state; parameters come from the heal
-        lr.opt = new_inner_optimizer(lr.model, self.cfg)
-        lr.proto = LearnerProtocol(
-            lr.id, self.plan, dict(lr.model.named_parameters()), self.cfg.learner_config()
-        )
-        lr.encoder = self._encoder()
-        lr.state = "joining"
-        if not self.syncer_down:  # else it joins when the syncer is back
-            self._syncer_outputs(now, self.syncer.on_join(now, lr.id))
+        learner.opt = new_inner_optimizer(learner.model, self.cfg)
+        learner.proto = self._protocol(learner.id, learner.model)
+        learner.encoder = self._encoder()
+        if not self.faults.syncer_down:  # else it joins when the syncer is back
+            self.syncer_outputs(now, self.syncer.on_join(now, learner.id))
 
     def _maybe_eval(self, now: float) -> None:
         due = self.eval_points.due(self.tokens)
@@ -334,42 +324,46 @@ class DecoupledSim(FaultInjection):
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
-        for lr in self.learners:
-            if lr.state != "absent":  # (added late by the scenario)
+        for learner in self.learners:
+            if learner.member == "in":  # (else added late by the scenario)
                 # started from the run's initial weights, as a live learner's Hello shows
-                held = {n: codec.digest(p) for n, p in lr.model.named_parameters()}
-                self._syncer_outputs(0.0, self.syncer.on_join(0.0, lr.id, digests=held))
-        self.schedule_faults()
+                held = {n: codec.digest(p) for n, p in learner.model.named_parameters()}
+                self.syncer_outputs(0.0, self.syncer.on_join(0.0, learner.id, digests=held))
+        self.faults.schedule()
         while self.queue:
             now, _, kind, args = heapq.heappop(self.queue)
             if kind == "timer":
-                if args[0][0] == "pull" and all(lr.state in FINISHED for lr in self.learners):
+                if args[0][0] == "pull" and all(x.finished for x in self.learners):
                     continue  # the run is over: let the syncer's pull clock stop
-                if args[1] == self.syncer_epoch and not self.syncer_down:
-                    self._syncer_outputs(now, self.syncer.on_timer(now, args[0]))
+                if args[1] == self.faults.syncer_epoch and not self.faults.syncer_down:
+                    self.syncer_outputs(now, self.syncer.on_timer(now, args[0]))
                 continue
             if kind in ("fault", "syncer_up"):
-                self.on_fault_event(now, kind, args)
+                self.faults.on_event(now, kind, args)
                 continue
-            lr = self.by_id[args[0]]
+            learner = self.by_id[args[0]]
             if kind == "recover":
-                if args[1] == lr.incarnation:
-                    self._on_recover(now, lr)
+                if args[1] == learner.incarnation:
+                    self.recover(now, learner)
                 continue
-            if args[1] != lr.incarnation:
+            if args[1] != learner.incarnation:
                 continue  # addressed to (or sent by) a process that has since died
-            if kind in ("up", "down") and lr.net and self.deferred(now, lr, kind, args):
-                continue  # its link is cut: it arrives when the link is back
+            if kind in ("up", "down") and learner.net:
+                if self.faults.deferred(now, learner, kind, args):
+                    continue  # its link is cut: it arrives when the link is back
             if kind == "step":
-                if now == lr.step_at:  # else a stall moved this step's end
-                    self._on_step(now, lr, args[2])
+                if now == learner.step_at:  # else a stall moved this step's end
+                    self._on_step(now, learner, args[2])
             elif kind == "up":
-                self._on_up(now, lr, args[2])
+                self.on_up(now, learner, args[2])
             elif kind == "down":
-                self._on_down(now, lr, args[2], args[3])
+                self._on_down(now, learner, args[2], args[3])
             elif kind == "fail":
-                self._on_fail(now, lr, args[2])
+                self.fail(now, learner, args[2])
         return self._result()
+
+    def chaos_summary(self) -> dict:
+        return self.faults.summary()
 
     def _result(self) -> RunResult:
         cfg = self.cfg
@@ -385,8 +379,8 @@ class DecoupledSim(FaultInjection):
             tokens=self.tokens,
             wall_time_s=self.end_time,
             goodput=stats["goodput"],
-            bytes_up=sum(lr.up.bytes_sent for lr in self.learners),
-            bytes_down=sum(lr.down.bytes_sent for lr in self.learners),
+            bytes_up=sum(x.up.bytes_sent for x in self.learners),
+            bytes_down=sum(x.down.bytes_sent for x in self.learners),
             bytes_heal=self.heal_bytes,
             dp_bytes=dp_equivalent_bytes(cfg, self.tokens, self.plan.nbytes_fp32()),
             rounds=stats["rounds"],

@@ -1,4 +1,5 @@
-"""A chaos scenario (atoll.chaos) in the virtual-time driver: the fault handlers of DecoupledSim.
+"""A chaos scenario (atoll.chaos) in the virtual-time driver: a component DecoupledSim calls
+(`Faults`), acting on the driver through its public calls only (`SimWorld`).
 
 The run's timeline (`scenario` setting; random faults drawn from `seed`, horizon from
 atoll.sim.world.horizon_s) is pushed onto the event heap as "fault" events; each is applied at
@@ -23,137 +24,117 @@ fault emits the launcher's `chaos` event (action = the fault's kind), as a live 
                  and are taken when it is back, step reports are dropped, learners train on.
                  Back after `duration`: a fresh SyncerProtocol loads that state (`restored`),
                  every running learner resumes (keeps its progress, gets the fragments it
-                 lacks: `Resumed`, `reconnected`), joining ones heal; a learner whose
-                 contribution died unmerged in an open round sends that fragment again
-                 (its delta from the same base holds that work: none of it is lost)
+                 lacks: `Resumed`, `reconnected`), joining ones heal; each resumed learner
+                 sends again every fragment whose send is still unanswered (the learner
+                 protocol's rule, `LearnerProtocol.on_welcome`: a contribution that died in
+                 an open round is merged from the same base, none of its work is lost)
 The existing Poisson failures (`mtbf_s`) run beside the scenario, unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from atoll.chaos import Fault
 from atoll.config import SimConfig
-from atoll.core.events import Accepted, Chaos, Event, Restored
-from atoll.core.fragments import FragmentPlan
-from atoll.core.messages import Contribution, FragmentUpdate, Progress, Resume, Send
+from atoll.core.events import Chaos, Event, Restored
+from atoll.core.learner import Phase
+from atoll.core.messages import Contribution, Progress, Resume
 from atoll.core.syncer import SyncerProtocol
 from atoll.sim.world import Windows, horizon_s, scenario_of
 
 if TYPE_CHECKING:
-    from atoll.sim.decoupled import _Learner
-
-FINISHED = ("done", "absent", "gone")  # learners the run no longer waits for
-_NOT_RUNNING = ("down", "absent", "gone", "done")  # a kill or stall cannot reach these
+    from atoll.sim.learner import SimLearner
 
 
-class FaultInjection:
-    """Mixed into DecoupledSim (which provides the heap, the learners and the syncer)."""
+class SimWorld(Protocol):
+    """What the fault injection may do to the driver: its public calls and state."""
 
-    # provided by DecoupledSim: state, and the plumbing the handlers use
     cfg: SimConfig
-    plan: FragmentPlan
-    learners: list[_Learner]
-    by_id: dict[str, _Learner]
+    learners: list[SimLearner]
+    by_id: dict[str, SimLearner]
     events: list[Event]
     syncer: SyncerProtocol
     stopping: bool
-    _push: Callable[..., None]
-    _syncer_outputs: Callable[[float, list], None]
-    _send_up: Callable[..., None]
-    _on_up: Callable[..., None]
-    _on_fail: Callable[[float, _Learner, float], None]
-    _end_wait: Callable[[float, _Learner], None]
 
-    def init_faults(self) -> None:
-        sc = scenario_of(self.cfg)
+    def push(self, t: float, kind: str, *args: Any) -> None: ...
+    def syncer_outputs(self, now: float, outputs: list) -> None: ...
+    def on_up(self, now: float, learner: SimLearner, c: Contribution | Progress) -> None: ...
+    def fail(self, now: float, learner: SimLearner, downtime: float) -> None: ...
+    def leave(self, now: float, learner: SimLearner) -> None: ...
+
+
+class Faults:
+    """The run's fault timeline and the syncer's downtime: what the scenario does, when."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+        cfg = world.cfg
+        sc = scenario_of(cfg)
         self.syncer_down = False
         self.syncer_epoch = 0  # syncer processes so far - 1: timers and heals of dead ones drop
-        self.last_sent: dict[tuple[str, int], int] = {}  # (learner, fragment) -> seq
-        self.fault_timeline: list[Fault] = []
+        self.timeline: list[Fault] = []
         self.applied: list[Fault] = []
         self.skipped = 0
-        self._track = False
-        if sc is None:
-            return
-        cfg = self.cfg
-        self.fault_timeline = sc.timeline(cfg.learners, horizon_s(cfg, sc), cfg.seed)
-        self._track = "kill_syncer" in sc.kinds()
-        self._unmerged: dict[tuple[str, int], tuple[int, int]] = {}  # -> (seq, incarnation)
-        self._lost: dict[tuple[str, int], tuple[int, int]] = {}
         self._held: list[tuple[str, int, Contribution]] = []
         self._state: dict[str, Any] = {}
+        if sc is None:
+            return
+        self.timeline = sc.timeline(cfg.learners, horizon_s(cfg, sc), cfg.seed)
         late = sc.late_learners()
-        for lr in self.learners:
-            lr.stalls, lr.net = Windows(), Windows()
-            lr.up.outages = lr.down.outages = lr.net
-            if lr.id in late:
-                lr.state = "absent"
+        for learner in world.learners:
+            learner.stalls, learner.net = Windows(), Windows()
+            learner.up.outages = learner.down.outages = learner.net
+            if learner.id in late:
+                learner.member = "absent"
 
-    def schedule_faults(self) -> None:
-        for i, f in enumerate(self.fault_timeline):
-            self._push(f.at, "fault", i)
+    def schedule(self) -> None:
+        for i, f in enumerate(self.timeline):
+            self.world.push(f.at, "fault", i)
 
-    def chaos_summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         kinds: dict[str, int] = {}
         for f in self.applied:
             kinds[f.kind] = kinds.get(f.kind, 0) + 1
         return {
-            "scenario": self.cfg.scenario,
-            "faults": len(self.fault_timeline),
+            "scenario": self.world.cfg.scenario,
+            "faults": len(self.timeline),
             "applied": kinds,
             "skipped": self.skipped,
         }
 
-    # -- hooks the driver calls -----------------------------------------------------------
-    def track_output(self, o: object) -> None:
-        """Syncer outputs: which contributions are accepted and not yet merged (they die
-        with the syncer's open rounds)."""
-        if not self._track:
-            return
-        if isinstance(o, Event) and isinstance(o.data, Accepted):
-            d = o.data
-            self._unmerged[(d.learner, d.fragment)] = (d.seq, self.by_id[d.learner].incarnation)
-        elif isinstance(o, Send) and isinstance(o.message, FragmentUpdate):
-            u = o.message
-            for lid, seq in u.included:
-                got = self._unmerged.get((lid, u.fragment))
-                if got is not None and got[0] <= seq:
-                    del self._unmerged[(lid, u.fragment)]
-
-    def hold(self, lr: _Learner, c: Contribution | Progress) -> None:
+    # -- what the driver asks -------------------------------------------------------------
+    def hold(self, learner: SimLearner, c: Contribution | Progress) -> None:
         """Reached the syncer while it is down: a contribution waits for its return."""
         if isinstance(c, Contribution):
-            self._held.append((lr.id, lr.incarnation, c))
+            self._held.append((learner.id, learner.incarnation, c))
 
-    def deferred(self, now: float, lr: _Learner, kind: str, args: tuple) -> bool:
+    def deferred(self, now: float, learner: SimLearner, kind: str, args: tuple) -> bool:
         """A message due while its link is cut arrives when the link is back."""
-        at = (lr.up if kind == "up" else lr.down).open_at(now)
+        at = (learner.up if kind == "up" else learner.down).open_at(now)
         if at > now:
-            self._push(at, kind, *args)
+            self.world.push(at, kind, *args)
             return True
         return False
 
-    def process_died(self, now: float, lr: _Learner) -> None:
+    def process_died(self, now: float, learner: SimLearner) -> None:
         """A killed learner's restarted process is not stopped: its stall ends."""
-        if lr.stalls is not None and lr.net is not None:
-            lr.stalls.end_early(now, "stall")
-            lr.net.end_early(now, "stall")
+        if learner.stalls is not None and learner.net is not None:
+            learner.stalls.end_early(now, "stall")
+            learner.net.end_early(now, "stall")
 
-    def on_fault_event(self, now: float, kind: str, args: tuple) -> None:
+    def on_event(self, now: float, kind: str, args: tuple) -> None:
         if kind == "syncer_up":
             self._restart_syncer(now)
             return
-        f = self.fault_timeline[args[0]]
-        if self.stopping or not self._reaches(f):
+        f = self.timeline[args[0]]
+        if self.world.stopping or not self._reaches(f):
             self.skipped += 1
             return
         self.applied.append(f)
-        self.events.append(Event(now, "launcher", Chaos(f.kind, f.target, f.duration)))
+        self.world.events.append(Event(now, "launcher", Chaos(f.kind, f.target, f.duration)))
         self._apply(now, f)
 
     # -- the faults ---------------------------------------------------------------------
@@ -161,87 +142,69 @@ class FaultInjection:
         """Whether `f` can be applied now (module docstring)."""
         if f.kind == "kill_syncer":
             return not self.syncer_down
-        state = self.by_id[f.target].state
+        learner = self.world.by_id[f.target]
         if f.kind in ("kill", "stall"):
-            return state not in _NOT_RUNNING
+            return learner.member == "in" and learner.phase not in (Phase.DOWN, Phase.DONE)
         if f.kind == "add":
-            return state == "absent"
-        return state not in FINISHED if f.kind == "remove" else state != "gone"
+            return learner.member == "absent"
+        return not learner.finished if f.kind == "remove" else learner.member != "gone"
 
     def _apply(self, now: float, f: Fault) -> None:
         if f.kind == "kill_syncer":
             self._kill_syncer(now, f.duration)
             return
-        lr = self.by_id[f.target]
-        assert lr.stalls is not None and lr.net is not None
+        world, learner = self.world, self.world.by_id[f.target]
+        assert learner.stalls is not None and learner.net is not None
         if f.kind == "kill":
-            self._on_fail(now, lr, f.duration)
+            world.fail(now, learner, f.duration)
         elif f.kind == "stall":
-            self._stall(now, lr, f.end)
+            self._stall(now, learner, f.end)
         elif f.kind in ("cut", "slow"):
-            lr.net.add(now, f.end, 0.0 if f.kind == "cut" else 1.0 / f.factor, f.kind)
+            learner.net.add(now, f.end, 0.0 if f.kind == "cut" else 1.0 / f.factor, f.kind)
         elif f.kind == "add":
-            lr.state = "joining"
+            learner.member = "in"
             if not self.syncer_down:  # else it joins when the syncer is back
-                self._syncer_outputs(now, self.syncer.on_join(now, lr.id))
+                world.syncer_outputs(now, world.syncer.on_join(now, learner.id))
         elif f.kind == "remove":
-            self._remove(now, lr)
+            world.leave(now, learner)
 
-    def _stall(self, now: float, lr: _Learner, end: float) -> None:
-        assert lr.stalls is not None and lr.net is not None
-        lr.stalls.add(now, end, 0.0, "stall")
-        lr.net.add(now, end, 0.0, "stall")
-        if lr.state == "running" and lr.step_at > now:  # the step in progress ends later
-            lr.step_at = lr.stalls.advance(now, lr.step_at - now)
-            self._push(lr.step_at, "step", lr.id, lr.incarnation, lr.step_dt)
-
-    def _remove(self, now: float, lr: _Learner) -> None:
-        was = lr.state
-        self._end_wait(now, lr)
-        lr.inflight.clear()
-        lr.state = "gone"
-        lr.incarnation += 1  # whatever it had under way is void
-        lr.up.reset(now)
-        lr.down.reset(now)
-        self.process_died(now, lr)
-        if was != "down" and not self.syncer_down:
-            self._syncer_outputs(now, self.syncer.on_lost(now, lr.id, "removed"))
+    def _stall(self, now: float, learner: SimLearner, end: float) -> None:
+        assert learner.stalls is not None and learner.net is not None
+        learner.stalls.add(now, end, 0.0, "stall")
+        learner.net.add(now, end, 0.0, "stall")
+        if learner.phase is Phase.RUNNING and learner.step_at > now:  # its step ends later
+            learner.step_at = learner.stalls.advance(now, learner.step_at - now)
+            self.world.push(
+                learner.step_at, "step", learner.id, learner.incarnation, learner.step_dt
+            )
 
     def _kill_syncer(self, now: float, duration: float) -> None:
-        self._state = self.syncer.state_dict()  # what its snapshot and tape hold
-        self._lost = {**self._lost, **self._unmerged}
-        self._unmerged = {}
+        self._state = self.world.syncer.state_dict()  # what its snapshot and tape hold
         self.syncer_down = True
         self.syncer_epoch += 1
-        self._push(now + duration, "syncer_up")
+        self.world.push(now + duration, "syncer_up")
 
     def _restart_syncer(self, now: float) -> None:
-        plan = self.plan
+        world = self.world
+        plan = world.syncer.plan
         init = [torch.zeros(f.numel) for f in plan.fragments]
-        syncer = SyncerProtocol(plan, init, self.cfg.syncer_config())
+        syncer = SyncerProtocol(plan, init, world.cfg.syncer_config())
         syncer.load_state_dict(self._state)
-        self.syncer, self.syncer_down = syncer, False
+        world.syncer, self.syncer_down = syncer, False
         versions = [st["version"] for st in self._state["fragments"]]
         restored = Restored(0, 0, self._state["rounds_closed"], versions, 0)
-        self.events.append(Event(now, "syncer", restored))
-        out = self._syncer_outputs
-        for lr in self.learners:
-            if lr.state in ("running", "waiting", "done"):
-                p = lr.proto
+        world.events.append(Event(now, "syncer", restored))
+        for learner in world.learners:
+            if learner.member != "in":
+                continue
+            if learner.phase in (Phase.RUNNING, Phase.WAITING, Phase.DONE):
+                p = learner.proto
                 resume = Resume(tuple(p.base_version), tuple(p.latest_version), other_epoch=True)
-                out(now, syncer.on_join(now, lr.id, resume))
-            elif lr.state == "joining":
-                out(now, syncer.on_join(now, lr.id))
+                world.syncer_outputs(now, syncer.on_join(now, learner.id, resume))
+            elif learner.phase is Phase.JOINING:
+                world.syncer_outputs(now, syncer.on_join(now, learner.id))
         held, self._held = self._held, []
         for lid, incarnation, c in held:
-            lr = self.by_id[lid]
-            if incarnation == lr.incarnation:
-                self._on_up(now, lr, c)
-        lost, self._lost = self._lost, {}
-        for (lid, frag), (seq, incarnation) in sorted(lost.items()):
-            lr = self.by_id[lid]
-            if incarnation != lr.incarnation or lr.state not in ("running", "waiting"):
-                continue
-            if self.last_sent.get((lid, frag)) == seq:  # no newer send of it since
-                for s in lr.proto.send_now(now, [frag]):
-                    self._send_up(now, lr, s.message)
+            learner = world.by_id[lid]
+            if incarnation == learner.incarnation:
+                world.on_up(now, learner, c)

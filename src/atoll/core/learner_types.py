@@ -1,0 +1,78 @@
+"""The learner protocol's settings (`LearnerConfig`), its lifecycle (`Phase`) and the typed
+records it hands its drivers besides sends and events (`Boundary`, `HealRequest`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from atoll.core import codec
+from atoll.core.events import Event
+from atoll.core.messages import Outgoing, Send
+from atoll.core.receipt import check_mode
+from atoll.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    tau: int = 2
+    codec: str = "int4"
+    group: int = 64
+    error_feedback: bool = True
+    receipt: str = "overwrite"
+    alpha: float = 0.5
+    block: bool = True  # wait at step s+tau for the answer to the send at step s ...
+    max_wait_s: float = math.inf  # ... at most this long (0: never wait; inf: until it comes)
+    schedule: str = "pull"  # "pull" (syncer-paced) or "push" (step-count schedule)
+
+    def validate(self, H: int) -> None:
+        if not 0 <= self.tau < H:
+            raise ConfigError("tau", self.tau, f"an integer in [0, H={H}) (overlap steps)")
+        codec.check_scheme(self.codec)
+        if self.group < 1:
+            raise ConfigError("group", self.group, "an integer >= 1")
+        check_mode(self.receipt, self.alpha)
+        if self.schedule not in ("pull", "push"):
+            raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
+        if not self.max_wait_s >= 0:
+            raise ConfigError("max_wait_s", self.max_wait_s, "a number >= 0 (seconds; inf)")
+
+
+class Phase(StrEnum):
+    JOINING = "joining"
+    RUNNING = "running"
+    WAITING = "waiting"
+    DONE = "done"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class HealRequest:
+    """Learner -> syncer: load every fragment again (a delta that does not chain onto what it
+    has, or a refusal whose action is to heal)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What a learner does at a step boundary (`LearnerProtocol.boundary`): deliver `sends`,
+    record `events`, then step again (`wait_s == 0` and not `done`), wait for an answer at
+    most `wait_s` seconds (math.inf: until it arrives; call `boundary` again when something
+    arrives or the time is up), or stop: `done`, the final flush is in `sends`."""
+
+    sends: list[Send] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    wait_s: float = 0.0
+    done: bool = False
+
+
+def supersede(old: Outgoing, new: Outgoing) -> Outgoing:
+    """A newer send of a fragment in place of an older one still waiting to go out: its delta
+    is measured from the same base and so holds the older one's progress; it carries the older
+    one's work (goodput) too."""
+    if old.fragment != new.fragment:
+        raise ValueError(f"fragment {new.fragment} cannot supersede a send of {old.fragment}")
+    return dataclasses.replace(new, work_s=new.work_s + old.work_s)
