@@ -36,6 +36,7 @@ as in DiLoCo).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -45,8 +46,9 @@ from collections import deque
 import torch
 
 from atoll.core import codec
+from atoll.core.events import CommFatal, Event, FinalBeatLost, Step, Training
 from atoll.core.fragments import FlatFragments
-from atoll.core.learner import LearnerProtocol
+from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
 from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
@@ -144,8 +146,8 @@ class Learner:
         self.pulls = 0
         self.pull_latency_s: deque[float] = deque(maxlen=256)  # syncer's send -> comm side
         self._connected = False
-        self._stop = False
-        self._share: tuple[int, float] | None = None  # (tokens at last beat, our share left)
+        self._answers: list[CommStatus] = []  # the syncer's answers before the protocol exists
+        self._epoch = ""  # the syncer's, from its newest Welcome
         self._submitted = 0
         self._comm_status = CommStatus()
         self._submits: list[Submit] = []
@@ -179,6 +181,7 @@ class Learner:
             match self.port.get(0.2):
                 case Welcomed(data):
                     welcome = pb.Welcome.FromString(data)
+                    self._epoch = welcome.epoch
                 case CommFailed(reason):
                     self.close()
                     raise ConnectionError(reason)
@@ -187,11 +190,15 @@ class Learner:
                 case HealReceived(heal) if welcome is not None:
                     plan = convert.plan_from_welcome(welcome)
                     cfg = convert.learner_config_from_welcome(welcome, block=True)
+                    cfg = dataclasses.replace(cfg, max_wait_s=self.wait_s)
                     plan.check_params(self.params)
                     flat = FlatFragments(plan, self.params)  # one op per fragment taken or set
                     self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat)
                     self.port.layout([f.numel for f in plan.fragments])
                     self._apply_heal(heal)
+                    for st in self._answers:
+                        self._status(st)
+                    self._answers.clear()
                     return
         self.close()
         raise TimeoutError(f"no heal from the syncer at {self.address} within {timeout:.0f} s")
@@ -201,9 +208,9 @@ class Learner:
         now = time.time()
         self.bytes_down += heal.nbytes
         for e in self.proto.on_heal(now, heal):  # a new generation: older sends are obsolete
-            self.events.emit(
-                e.kind, self.id, incarnation=self.incarnation, since_start_s=now - self.started
-            )
+            since = now - self.started
+            data = dataclasses.replace(e.data, incarnation=self.incarnation, since_start_s=since)
+            self.events.record(self.id, data, now)
         self.port.send(Reset(self.proto.generation))
         self._flush()
         self._last_step_t = time.time()
@@ -211,11 +218,9 @@ class Learner:
     # -- the training thread ------------------------------------------------------------------
     @property
     def should_stop(self) -> bool:
-        """The syncer says the run's token budget is spent."""
-        if self._stop:
-            return True
-        share = self._share
-        return share is not None and self.tokens_done - share[0] >= share[1]
+        """The run's token budget is spent (the learner protocol's word: the syncer said so,
+        or this learner trained its share of what was left)."""
+        return self.proto is not None and self.proto.should_stop
 
     @property
     def connected(self) -> bool:
@@ -237,50 +242,47 @@ class Learner:
         self._last_step_t = now
         if not self._first_step_logged:
             self._first_step_logged = True
-            self.events.emit(
-                "training", self.id, incarnation=self.incarnation, since_start_s=now - self.started
-            )
+            self.events.record(self.id, Training(self.incarnation, now - self.started), now)
         self._drain()
         self.steps_done += 1
         self.tokens_done += tokens
-        self._collect(proto.on_step(now, tokens, dt))
-        self._apply_due(now)
-        self._flush()
-        if self.wait_s > 0 and proto.blocked():
-            until = time.time() + self.wait_s
-            while proto.blocked() and time.time() < until:
-                item = self.port.get(max(until - time.time(), 0.001))
-                if item is None:
-                    break
+        self._outputs(proto.on_step(now, tokens, dt))
+        b = self._boundary(proto.boundary(now))
+        while b.wait_s > 0:  # an answer is due before the next step: wait, at most wait_s
+            item = self.port.get(min(b.wait_s, 1.0))
+            if item is not None:
                 self._handle(item)
-                self._collect(proto.take_pulled(time.time()))  # idle: answer pulls at once
-                self._apply_due(time.time())
-                self._flush()
+            b = self._boundary(proto.boundary(time.time()))
         if self.steps_done % 50 == 0:
             self._report()
 
     def _report(self) -> None:
         """The `step` event: counters, and the bytes on the wire when measured."""
         wire = self._comm_status.wire or (None, None)
-        self.events.emit(
-            "step", self.id, incarnation=self.incarnation, step=self.steps_done,
-            tokens=self.tokens_done, step_time=self.proto.step_time.value if self.proto else None,
-            pulls=self.pulls, pull_latency_ms=_median_ms(self.pull_latency_s),
-            wire_up=wire[0], wire_down=wire[1],
-        )  # fmt: skip
+        step_time = self.proto.step_time.value if self.proto else None
+        latency = _median_ms(self.pull_latency_s)
+        self.events.record(self.id, Step(
+            self.incarnation, self.steps_done, self.tokens_done, step_time, self.pulls, latency,
+            wire[0], wire[1],
+        ))  # fmt: skip
 
-    def _apply_due(self, now: float) -> None:
-        assert self.proto is not None
-        for e in self.proto.apply_due(now):
-            self.events.write(e)
+    def _boundary(self, b: Boundary) -> Boundary:
+        """Do what the protocol decided at a step boundary, and hand this step's state over."""
+        self._outputs([*b.events, *b.sends])
+        self._flush()
+        return b
 
-    def _collect(self, sends: list[Send]) -> None:
-        """Protocol outputs -> contributions for the communication side (step reports go up
-        in its heartbeats)."""
-        for s in sends:
-            if isinstance(s.message, Outgoing):
-                self._submits.append(self.port.submit(s.message))
+    def _outputs(self, outputs: list[Event | Send]) -> None:
+        """Protocol outputs: events to the log; contributions and heal requests to the
+        communication side (step reports go up in its heartbeats)."""
+        for o in outputs:
+            if isinstance(o, Event):
+                self.events.write(o)
+            elif isinstance(o.message, Outgoing):
+                self._submits.append(self.port.submit(o.message))
                 self._submitted += 1
+            elif isinstance(o.message, HealRequest):
+                self.port.send(RequestHeal())
 
     def _flush(self) -> None:
         """Hand this step's state over: one message to the communication side."""
@@ -305,10 +307,14 @@ class Learner:
             self._handle(item)
 
     def _status(self, st: CommStatus) -> None:
-        if st.stop:
-            self._stop = True
-        if st.share is not None:
-            self._share = st.share
+        proto = self.proto
+        if proto is None:
+            self._answers.append(st)  # given to the protocol once it exists
+        else:
+            if st.stop:
+                proto.request_stop()
+            if st.share is not None:
+                proto.on_budget(st.share[0], st.share[1], 1)
         if st.seq < self._comm_status.seq:
             return  # an older snapshot that overtook a newer one: keep the newer counters
         self._comm_status = st
@@ -324,29 +330,27 @@ class Learner:
                 self.bytes_down += len(u.payload)
                 # decoded by the communication side (from the child: in a slot or an array)
                 tensor = self.port.value_in(u.fragment, value)
-                try:
-                    proto.on_update(time.time(), u, tensor)
-                except ValueError as exc:  # a delta that does not chain: heal
-                    self.events.emit("heal_needed", self.id, reason=str(exc))
-                    self.port.send(RequestHeal())
+                self._outputs(proto.on_update(time.time(), u, tensor))
             case PullReceived(pull, received_at):
                 self.pulls += 1
                 self.pull_latency_s.append(max(received_at - pull.at, 0.0))
-                proto.on_pull(time.time(), pull)
+                self._outputs(proto.on_pull(time.time(), pull))
             case CommStatus() as st:
                 self._status(st)
             case HealReceived(heal):
                 self._apply_heal(heal)
             case PushRefused(fragment, reason, action):
                 self.refused += 1
-                self.events.emit("push_refused", self.id, fragment=fragment, reason=reason)
-                if action == "heal":
-                    self.port.send(RequestHeal())
+                self._outputs(proto.on_refused(time.time(), fragment, reason, action))
             case CommFailed(reason):  # nothing would reach the syncer again: stop loudly
-                self.events.emit("comm_fatal", self.id, reason=reason)
+                self.events.record(self.id, CommFatal(reason))
                 raise CommError(f"learner {self.id}: {reason}")
-            case Welcomed() | BeatDone():
-                pass  # a rejoin's Welcome (the heal follows); a late answer to `beat_once`
+            case Welcomed(data):  # a rejoin: a heal follows, or it resumes
+                w = pb.Welcome.FromString(data)
+                restarted, self._epoch = w.epoch != self._epoch, w.epoch
+                self._outputs(proto.on_welcome(time.time(), restarted, w.heal))
+            case BeatDone():
+                pass  # a late answer to `beat_once`
 
     def _queued(self) -> bool:
         st = self._comm_status
@@ -359,8 +363,7 @@ class Learner:
         proto = self.proto
         if proto is not None and proto.healed:
             self._drain()
-            self._collect(proto.final_flush(time.time()))
-            self._flush()
+            self._boundary(proto.finish(time.time()))
             self.port.send(Finishing())  # report the send queue after every send from now
             start = time.time()
             until = start + timeout
@@ -376,7 +379,7 @@ class Learner:
                 if self._connected and not self._queued() and proto.all_answered():
                     break
             self._drain()
-            self._apply_due(time.time())
+            self._outputs(proto.apply_due(time.time()))
             self._flush()
         self.beat_once()
         self._drain()
@@ -396,7 +399,7 @@ class Learner:
             elif item is not None and self.proto is not None:
                 self._handle(item)
         if done is None or not done.counted:
-            self.events.emit("final_beat_lost", self.id, tokens=self.tokens_done)
+            self.events.record(self.id, FinalBeatLost(self.tokens_done))
 
     def close(self) -> None:
         port = getattr(self, "port", None)
