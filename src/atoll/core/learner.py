@@ -128,7 +128,8 @@ class LearnerProtocol:
     # -- inputs -----------------------------------------------------------------------------
     def on_heal(self, now: float, heal: Heal) -> list[Event]:
         """Load every global fragment (a "held" one is the learner's own value), overwrite the
-        local parameters, reset counters."""
+        local parameters, reset counters; a wait in progress ends."""
+        events = self._end_wait(now)
         self.latest = [torch.empty(0)] * self.plan.P
         self.latest_version = [-1] * self.plan.P
         for u in heal.updates:
@@ -153,7 +154,7 @@ class LearnerProtocol:
         self.generation += 1
         if self.phase is not Phase.DONE:
             self.phase = Phase.RUNNING
-        return [Event(now, self.id, Healed(versions=list(self.base_version)))]
+        return [*events, Event(now, self.id, Healed(versions=list(self.base_version)))]
 
     def on_step(self, now: float, tokens: int, step_time: float) -> list[Send]:
         """A local step finished; returns the contributions now due (and, when pulled, a
@@ -192,11 +193,12 @@ class LearnerProtocol:
     def on_welcome(self, now: float, restarted: bool, heal: bool) -> list[Send]:
         """The syncer welcomed it again. A syncer that `restarted` lost its open rounds: when
         it resumes (keeps its progress, no `heal`), every fragment sent and not yet answered
-        is sent again (its delta from the same base holds that work, so none of it is lost)."""
+        goes again, as if pulled (its delta from the same base holds that work, so none of it
+        is lost)."""
         if not restarted or heal or not self.healed or self.phase is Phase.DONE:
             return []
-        self.pulled.clear()
-        return self.send_now(now, sorted(p for p, r in self.outstanding.items() if not r.answered))
+        self.pulled |= {p for p, r in self.outstanding.items() if not r.answered}
+        return self.take_pulled(now) if self.phase is Phase.WAITING else []
 
     # -- the token budget and the end of the run --------------------------------------------
     def on_budget(self, tokens: int, remaining: int, live: int) -> None:

@@ -206,7 +206,11 @@ class DecoupledSim:
         batch = learner.data.next()
         train_step(learner.model, learner.opt, batch, inner_lr(self.cfg, learner.local_steps))
         learner.local_steps += 1
-        tokens = batch[0].numel()
+        self.stepped(now, learner, batch[0].numel(), dt)
+
+    def stepped(self, now: float, learner: SimLearner, tokens: int, dt: float) -> None:
+        """`learner` finished a step of `tokens` that took `dt`: its protocol's outputs, the
+        books, then its step boundary."""
         self.tokens += tokens
         self._learner_outputs(now, learner, learner.proto.on_step(now, tokens, dt))
         self._maybe_eval(now)
@@ -238,12 +242,18 @@ class DecoupledSim:
         learner.inflight.pop(c.seq, None)
         self.syncer_outputs(now, self.syncer.on_contribution(now, c))
 
-    def _on_down(self, now: float, learner: SimLearner, msg: object, epoch: int) -> None:
+    def receive(self, now: float, learner: SimLearner, msg: object, epoch: int) -> None:
         proto = learner.proto
         if isinstance(msg, Heal):
             if epoch != self.faults.syncer_epoch:
                 return  # from a syncer that has since died: the restarted one heals it again
+            was = proto.phase
             self.events += proto.on_heal(now, msg)
+            if was is Phase.RUNNING:
+                return  # a heal it asked for: the step in progress goes on from the new values
+            if was is Phase.WAITING:
+                self._start_step(now, learner)  # nothing is outstanding any more
+                return
             if learner.incarnation > 0:
                 self.events.append(Event(now, learner.id, Rejoined(now - learner.down_since)))
             self._schedule_failure(now, learner)
@@ -357,7 +367,7 @@ class DecoupledSim:
             elif kind == "up":
                 self.on_up(now, learner, args[2])
             elif kind == "down":
-                self._on_down(now, learner, args[2], args[3])
+                self.receive(now, learner, args[2], args[3])
             elif kind == "fail":
                 self.fail(now, learner, args[2])
         return self._result()

@@ -72,7 +72,7 @@ from atoll.live.learner.messages import (
     UpdateReceived,
     Welcomed,
 )
-from atoll.live.learner.ports import ClosedPort, ProcessPort, ThreadPort
+from atoll.live.learner.ports import ClosedPort, Port, ProcessPort, ThreadPort
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 from atoll.wire.auth import load_secret
@@ -166,12 +166,14 @@ class Learner:
             faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
             digests=tuple((n, codec.digest(p)) for n, p in self.params.items()),
         )
-        self.port: ThreadPort | ProcessPort | ClosedPort = (
-            ProcessPort(opts, sum(t.numel() for t in self.params.values()), len(self.params))
-            if comm == "process"
-            else ThreadPort(opts)
-        )
+        self.port = self._open_port(comm, opts)
         self._await_first_heal(connect_timeout_s)
+
+    def _open_port(self, comm: str, opts: CommOptions) -> Port:
+        """The communication side: a child process or threads of this one."""
+        if comm == "process":
+            return ProcessPort(opts, sum(t.numel() for t in self.params.values()), len(self.params))
+        return ThreadPort(opts)
 
     # -- start-up -----------------------------------------------------------------------------
     def _await_first_heal(self, timeout: float) -> None:

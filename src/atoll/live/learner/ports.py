@@ -191,3 +191,6 @@ class ClosedPort:
 
     def close(self) -> None:
         pass
+
+
+Port = ThreadPort | ProcessPort | ClosedPort  # what the training side talks through
