@@ -174,8 +174,26 @@ class Send:
 
 
 @dataclass(frozen=True)
+class PullTick:
+    """Timer key: the pull clock's tick `tick` is due (the pull schedule)."""
+
+    tick: int
+
+
+@dataclass(frozen=True)
+class CloseRound:
+    """Timer key: the round `round_id` of `fragment` is due to close (answer or grace window)."""
+
+    fragment: int
+    round_id: int
+
+
+TimerKey = PullTick | CloseRound
+
+
+@dataclass(frozen=True)
 class SetTimer:
     """Output of a protocol: call its `on_timer(key)` at time `at`."""
 
     at: float
-    key: tuple
+    key: TimerKey

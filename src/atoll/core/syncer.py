@@ -60,17 +60,20 @@ from atoll.core.grace import GracePolicy
 from atoll.core.guard import MagnitudeGuard
 from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS, RoundWeight, merge_fragment
 from atoll.core.messages import (
+    CloseRound,
     Contribution,
     FragmentUpdate,
     Heal,
     Progress,
     Pull,
+    PullTick,
     Refusal,
     Rejection,
     Resume,
     Resumed,
     Send,
     SetTimer,
+    TimerKey,
 )
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.core.pacing import PullRounds
@@ -288,7 +291,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         self.pulled.observe(lid, mean)
         if self.cfg.schedule == "pull" and self.tick < 0:
             self.tick = 0
-            return [SetTimer(now, ("pull", 0))]
+            return [SetTimer(now, PullTick(0))]
         return []
 
     def _pull(self, now: float, tick: int) -> list:
@@ -298,19 +301,19 @@ class SyncerProtocol(Admission, Delivery, DurableState):
                 out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.listening)]
                 if self._answer_window:
                     at = self.pulled.open(f.index, now, self.grace, self.listening)
-                    out += [SetTimer(at, ("close", f.index, self.round_id[f.index]))]
+                    out += [SetTimer(at, CloseRound(f.index, self.round_id[f.index]))]
         self.tick = tick + 1
-        return out + [SetTimer(now + (self.grace.step.value or 1.0), ("pull", tick + 1))]
+        return out + [SetTimer(now + (self.grace.step.value or 1.0), PullTick(tick + 1))]
 
-    def on_timer(self, now: float, key: tuple) -> list:
-        if key[0] == "pull":
-            return self._pull(now, key[1])
-        _, p, rid = key
-        if rid != self.round_id[p]:
-            return []
-        if not self.pending[p]:
-            return []  # nothing answered in time: the first answer closes the round
-        return self._maybe_close(now, p) if self._answer_window else self._close(now, p)
+    def on_timer(self, now: float, key: TimerKey) -> list:
+        match key:
+            case PullTick(tick):
+                return self._pull(now, tick)
+            case CloseRound(p, rid) if rid == self.round_id[p]:
+                if not self.pending[p]:
+                    return []  # nothing answered in time: the first answer closes the round
+                return self._maybe_close(now, p) if self._answer_window else self._close(now, p)
+        return []
 
     def close_all(self, now: float) -> list:
         """The end of a run (nothing more will arrive): close every open round now."""
@@ -340,7 +343,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         window = self.grace.window()
         if everyone or window <= 0 or now >= self.quorum_at[p] + window:
             return self._close(now, p)
-        return [SetTimer(self.quorum_at[p] + window, ("close", p, self.round_id[p]))]
+        return [SetTimer(self.quorum_at[p] + window, CloseRound(p, self.round_id[p]))]
 
     def _close(self, now: float, p: int) -> list:
         pend = self.pending[p]

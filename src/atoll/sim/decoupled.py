@@ -44,6 +44,7 @@ from atoll.core.messages import (
     Outgoing,
     Progress,
     Pull,
+    PullTick,
     Resumed,
     Send,
     SetTimer,
@@ -343,7 +344,9 @@ class DecoupledSim(FaultInjection):
         while self.queue:
             now, _, kind, args = heapq.heappop(self.queue)
             if kind == "timer":
-                if args[0][0] == "pull" and all(lr.state in FINISHED for lr in self.learners):
+                if isinstance(args[0], PullTick) and all(
+                    lr.state in FINISHED for lr in self.learners
+                ):
                     continue  # the run is over: let the syncer's pull clock stop
                 if args[1] == self.syncer_epoch and not self.syncer_down:
                     self._syncer_outputs(now, self.syncer.on_timer(now, args[0]))

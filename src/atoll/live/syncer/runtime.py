@@ -23,7 +23,7 @@ import torch
 
 from atoll.core.events import Event
 from atoll.core.fragments import FragmentPlan
-from atoll.core.messages import FragmentUpdate, Pull, Send, SetTimer
+from atoll.core.messages import FragmentUpdate, Pull, Send, SetTimer, TimerKey
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
 from atoll.live.syncer.books import Books, new_accounts
@@ -76,7 +76,7 @@ class SyncerRuntime:
         self.epoch = uuid.uuid4().hex[:12]
         self.sessions: dict[str, Session] = {}
         self.controls: dict[str, Control] = {}
-        self.timers: list[tuple[float, int, tuple]] = []
+        self.timers: list[tuple[float, int, TimerKey]] = []
         self._timer_seq = 0
         self._timer_cv = threading.Condition(self.lock)
         self.stopping = threading.Event()
