@@ -20,7 +20,7 @@ import torch
 
 from atoll.core import codec
 from atoll.core.events import Event, SeenCheck
-from atoll.core.messages import FragmentUpdate, Heal, Resume
+from atoll.core.messages import FragmentUpdate, Heal, Resume, UpdateKind
 
 SEEN_CLAIM_MAX = 1000  # versions a learner may claim to have seen beyond what was restored
 
@@ -45,7 +45,7 @@ class Admission:
         if hit is None or hit[0] is not value:
             frame = codec.encode(value, self.cfg.heal_codec, self.cfg.group)
             hit = self.full_frames[p] = (value, frame)
-        return FragmentUpdate(p, v, "full", v, hit[1], included, at)
+        return FragmentUpdate(p, v, UpdateKind.FULL, v, hit[1], included, at)
 
     def heal_message(self, digests: Mapping[str, bytes] | None = None) -> Heal:
         """Every fragment in full, except those a fresh learner already holds (all its tensors'
@@ -64,7 +64,7 @@ class Admission:
                 hit = self.digest_cache[p] = (value, named)
             if all(digests.get(n) == d for n, d in hit[1].items()):
                 v = self.version[p]
-                return FragmentUpdate(p, v, "held", v, b"", (), 0.0)
+                return FragmentUpdate(p, v, UpdateKind.HELD, v, b"", (), 0.0)
         return self._full(p)
 
     def can_resume(self, r: Resume | None) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from atoll.core import codec
-from atoll.core.messages import FragmentUpdate
+from atoll.core.messages import FragmentUpdate, UpdateKind
 
 
 class Delivery:
@@ -30,16 +30,18 @@ class Delivery:
         chain, one update of the newest version in full, listing what they all included."""
         chain = (*queued, new)
         p = new.fragment
-        if new.kind == "delta" and queued[-1].version == new.base_version:
+        if new.kind == UpdateKind.DELTA and queued[-1].version == new.base_version:
             if sum(len(u.payload) for u in chain) <= 4 * self.plan.fragments[p].numel:
                 return chain
         included = tuple(dict.fromkeys(i for u in chain for i in u.included))
-        if new.kind == "delta":
+        if new.kind == UpdateKind.DELTA:
             value = self.history[p].get(new.version)
             if value is None:
                 raise ValueError(f"version {new.version} of fragment {p} is no longer held")
             full = codec.encode(value, self.cfg.heal_codec, self.cfg.group)
-            return (dataclasses.replace(new, kind="full", payload=full, included=included),)
+            return (
+                dataclasses.replace(new, kind=UpdateKind.FULL, payload=full, included=included),
+            )
         return (dataclasses.replace(new, included=included),)
 
     def global_params(self) -> dict[str, torch.Tensor]:

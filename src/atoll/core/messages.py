@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 
 import torch
 
@@ -65,6 +65,14 @@ class Outgoing:
         )
 
 
+class Action(StrEnum):
+    """What a refused learner should do: nothing (send again), rejoin, or heal."""
+
+    NONE = ""
+    REJOIN = "rejoin"
+    HEAL = "heal"
+
+
 class Refusal(Enum):
     """Why the syncer refused a contribution; `action` is what the learner should do."""
 
@@ -79,9 +87,10 @@ class Refusal(Enum):
     MAGNITUDE = "magnitude"  # a delta far beyond what the run has seen (core/guard.py)
 
     @property
-    def action(self) -> str:
-        heal = (Refusal.STALE_BASE, Refusal.MAGNITUDE)
-        return "rejoin" if self is Refusal.NOT_JOINED else "heal" if self in heal else ""
+    def action(self) -> Action:
+        if self is Refusal.NOT_JOINED:
+            return Action.REJOIN
+        return Action.HEAL if self in (Refusal.STALE_BASE, Refusal.MAGNITUDE) else Action.NONE
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,15 @@ class Rejection:
 
     code: Refusal
     reason: str
+
+
+class UpdateKind(StrEnum):
+    """What a FragmentUpdate's payload is: the value ("full"), the change of the public value
+    ("delta"), or nothing, the learner holds the value already ("held")."""
+
+    FULL = "full"
+    DELTA = "delta"
+    HELD = "held"
 
 
 @dataclass(frozen=True)
@@ -102,7 +120,7 @@ class FragmentUpdate:
 
     fragment: int
     version: int
-    kind: str
+    kind: UpdateKind
     base_version: int
     payload: bytes
     included: tuple[tuple[str, int], ...]
@@ -165,12 +183,15 @@ class Resumed:
     updates: tuple[FragmentUpdate, ...]
 
 
+Message = Heal | Resumed | FragmentUpdate | Pull | Progress | Outgoing | Contribution
+
+
 @dataclass(frozen=True)
 class Send:
     """Output of a protocol: deliver `message` to `to` ("syncer" or a learner id)."""
 
     to: str
-    message: object
+    message: Message
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ from atoll.core.messages import (
     Send,
     SetTimer,
     TimerKey,
+    UpdateKind,
 )
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.core.pacing import PullRounds
@@ -365,11 +366,11 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             if self.cfg.down_codec == "fp32":
                 public = theta.clone()
                 frame = codec.encode(public, "fp32")
-                update = FragmentUpdate(p, v, "full", v - 1, frame, included, now)
+                update = FragmentUpdate(p, v, UpdateKind.FULL, v - 1, frame, included, now)
             else:
                 frame = codec.encode(theta - self.public[p], self.cfg.down_codec, self.cfg.group)
                 public = self.public[p] + codec.decode(frame)
-                update = FragmentUpdate(p, v, "delta", v - 1, frame, included, now)
+                update = FragmentUpdate(p, v, UpdateKind.DELTA, v - 1, frame, included, now)
         except codec.CodecError as exc:  # never committed: the round is dropped
             return self._drop(now, p, ids, str(exc))
         self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state

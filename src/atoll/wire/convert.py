@@ -20,14 +20,14 @@ from collections.abc import Mapping
 from atoll.core.codec import MAX_NUMEL
 from atoll.core.fragments import Fragment, FragmentPlan
 from atoll.core.learner import LearnerConfig
-from atoll.core.messages import Contribution, FragmentUpdate, Progress, Pull, Resume
+from atoll.core.messages import Contribution, FragmentUpdate, Progress, Pull, Resume, UpdateKind
 from atoll.errors import ConfigError
 from atoll.wire import PROTOCOL
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire.chunks import TransferError, crc32
 
 SENT_AT_WINDOW_S = 600.0  # a contribution's send time is taken within this much of arrival
-UPDATE_KINDS = ("full", "delta", "held")
+UPDATE_KINDS = tuple(k.value for k in UpdateKind)
 
 
 class MessageError(TransferError):
@@ -61,7 +61,7 @@ def update_from_header(h: pb.UpdateHeader, payload: bytes) -> FragmentUpdate:
     return FragmentUpdate(
         h.fragment,
         h.version,
-        h.kind,
+        UpdateKind(h.kind),
         h.base_version,
         payload,
         tuple((i.learner, i.seq) for i in h.included),
