@@ -13,7 +13,7 @@ counted.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -23,6 +23,30 @@ from atoll.core.events import Event, SeenCheck
 from atoll.core.messages import FragmentUpdate, Heal, Resume, UpdateKind
 
 SEEN_CLAIM_MAX = 1000  # versions a learner may claim to have seen beyond what was restored
+
+
+def resume_of(
+    base_versions: Iterable[int],
+    latest_versions: Iterable[int],
+    hello_epoch: str,
+    this_epoch: str,
+    known_epochs: Collection[str],
+    keep_progress: bool,
+) -> Resume | None:
+    """What a (re)joining learner's hello says of its past (None: a fresh learner, which
+    names no epoch and does not ask to keep its progress). Its versions are checked against
+    what an earlier epoch committed (`other_epoch`) only when it saw an epoch of this run's
+    syncer other than this one: an epoch it never had (another run, a bug) gives nothing to
+    check by."""
+    if not (keep_progress or hello_epoch):
+        return None
+    other = bool(hello_epoch) and hello_epoch != this_epoch and hello_epoch in known_epochs
+    return Resume(
+        tuple(base_versions),
+        tuple(latest_versions),
+        other_epoch=other,
+        keep_progress=keep_progress,
+    )
 
 
 class Admission:

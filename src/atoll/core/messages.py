@@ -94,11 +94,26 @@ class Refusal(Enum):
 
 
 @dataclass(frozen=True)
+class PushAnswer:
+    """Syncer -> learner: the answer to one contribution (an output of `on_contribution`,
+    and of a driver's own refusals): accepted, or refused with the reason, the code
+    (`Refusal.value`) and what the learner should do."""
+
+    accepted: bool
+    reason: str = ""
+    action: Action = Action.NONE
+    code: str = ""
+
+
+@dataclass(frozen=True)
 class Rejection:
     """A refusal: its code and the message naming the value and what is allowed."""
 
     code: Refusal
     reason: str
+
+    def answer(self) -> PushAnswer:
+        return PushAnswer(False, self.reason, self.code.action, self.code.value)
 
 
 class UpdateKind(StrEnum):
@@ -192,6 +207,15 @@ class Send:
 
     to: str
     message: Message
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Output of the syncer protocol: a merge made `version` of `fragment` (it comes before
+    the round's updates: a durable driver records the fragment's state first)."""
+
+    fragment: int
+    version: int
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 It holds the global value Theta_p and outer-optimizer state of every fragment. Inputs:
 `on_join` (a learner (re)connects: it heals, or resumes with its progress), `on_listening`
 (its pull channel opened or closed), `on_lost`, `on_contribution`, `on_progress`,
-`on_timer`, `close_all` (end of run). Outputs: `Send` (to a learner), `SetTimer`, and `Event`s
-for the stream. Durable state: `state_dict()` / `load_state_dict()` (atoll.core.state).
+`on_timer`, `close_all` (end of run). Outputs: `Send` (to a learner), `SetTimer`, `Event`s
+for the stream, and records a driver acts on: `Commit` (a merge to make durable before its
+updates go out) and `PushAnswer` (the reply to a contribution). Durable state:
+`state_dict()` / `load_state_dict()` (atoll.core.state).
 
 Pacing (`schedule`): with "pull" (default) the syncer keeps a tick clock at the measured step
 time (EMA of the learners' Progress reports); at tick g it sends Pull for every fragment with
@@ -61,12 +63,14 @@ from atoll.core.guard import MagnitudeGuard
 from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS, RoundWeight, merge_fragment
 from atoll.core.messages import (
     CloseRound,
+    Commit,
     Contribution,
     FragmentUpdate,
     Heal,
     Progress,
     Pull,
     PullTick,
+    PushAnswer,
     Refusal,
     Rejection,
     Resume,
@@ -245,9 +249,8 @@ class SyncerProtocol(Admission, Delivery, DurableState):
                 if bad is None and not bool(torch.isfinite(theta_m).all()):
                     bad = Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
         if bad is not None:
-            return [
-                Event(now, "syncer", Refused(c.learner, c.fragment, bad.reason, bad.code.value))
-            ]
+            refused = Refused(c.learner, c.fragment, bad.reason, bad.code.value)
+            return [Event(now, "syncer", refused), bad.answer()]
         self.guard.accept(p, rate, c.steps)
         if c.step_time > 0:
             self.grace.observe_step(c.step_time)
@@ -256,7 +259,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             theta_m, weight, c, self.version[p] - c.base_version, len(c.payload), now
         )
         accepted = Accepted(c.learner, p, c.seq, len(c.payload), c.work_s)
-        out: list = [Event(now, "syncer", accepted)]
+        out: list = [Event(now, "syncer", accepted), PushAnswer(True)]
         slow = self.pulled.upload(c.learner, max(now - c.sent_at, 0.0), self.grace)
         if slow is not None:
             out.append(Event(now, "syncer", LinkBottleneck(c.learner, *slow)))
@@ -397,7 +400,8 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         self.grace.observe(self.grace.sync, max(uploads))
         self._reset_round(p)
         self.rounds_closed += 1
-        return [Send(lid, update) for lid in sorted(self.live)] + [Event(now, "syncer", event)]
+        sends = [Send(lid, update) for lid in sorted(self.live)]
+        return [Commit(p, v), *sends, Event(now, "syncer", event)]
 
     def _reset_round(self, p: int) -> None:
         self.pulled.closed(p)

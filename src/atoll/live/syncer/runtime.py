@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from atoll.core.events import Event
+from atoll.core.budget import BeatAnswer, StartBarrier, TokenBudget
+from atoll.core.events import Accepted, AuthRefused, Event, Refused, SeenCheck, TransferBroken
 from atoll.core.fragments import FragmentPlan
-from atoll.core.messages import FragmentUpdate, Pull, Send, SetTimer, TimerKey
+from atoll.core.messages import Commit, FragmentUpdate, Pull, Send, SetTimer, TimerKey
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
 from atoll.live.syncer.books import Books, new_accounts
@@ -86,6 +87,10 @@ class SyncerRuntime:
         self.snapshot_path = opts.run_dir / "snapshot.safetensors"
         self.restored = self._restore()
         self.books.started(self.epoch)
+        self.budget = TokenBudget(opts.token_budget)
+        self.barrier = StartBarrier(
+            opts.expect_learners, start_at=self.acct.get("start_at") or None
+        )
         self._prev_snapshot_seq = self.restored.snapshot_seq
         self.tape.open_segment(self.tape.next_seq)
         self._threads: list[threading.Thread] = []
@@ -151,8 +156,8 @@ class SyncerRuntime:
     def process(self, now: float, outputs: list) -> None:
         """Handle protocol outputs (lock held): tape first, then events, timers, sends."""
         for o in outputs:
-            if isinstance(o, Event) and o.kind == "round_closed":
-                rec = commit_record(self.proto, self.tape.next_seq, o.data.fragment, self.acct)
+            if isinstance(o, Commit):
+                rec = commit_record(self.proto, self.tape.next_seq, o.fragment, self.acct)
                 self._tape_call(lambda rec=rec: self.tape.append(rec))
         for o in outputs:
             if isinstance(o, Event):
@@ -180,18 +185,19 @@ class SyncerRuntime:
 
     def _account(self, e: Event) -> None:
         a = self.acct
-        if e.kind == "accepted":
-            a["accepted"] += 1
-            a["bytes_in"] += e.data.bytes
-            a["useful_s"] += e.data.work_s
-        elif e.kind == "refused":
-            a["refused"] += 1
-        elif e.kind == "transfer_broken":
-            a["broken_transfers"] += 1
-        elif e.kind == "auth_refused":
-            a["auth_refused"] += e.data.count or 1
-        elif e.kind == "seen_check":
-            a["lost_committed_rounds"] += e.data.lost_committed_rounds
+        match e.data:
+            case Accepted(bytes=nbytes, work_s=work_s):
+                a["accepted"] += 1
+                a["bytes_in"] += nbytes
+                a["useful_s"] += work_s
+            case Refused():
+                a["refused"] += 1
+            case TransferBroken():
+                a["broken_transfers"] += 1
+            case AuthRefused(count=count):
+                a["auth_refused"] += count or 1
+            case SeenCheck(lost_committed_rounds=lost):
+                a["lost_committed_rounds"] += lost
 
     def lose(self, learner: str, sess: Session, why: str) -> None:
         with self.lock:
@@ -223,8 +229,18 @@ class SyncerRuntime:
 
     @property
     def stop_requested(self) -> bool:
-        b = self.opts.token_budget
-        return b > 0 and self.total_tokens() >= b
+        return self.budget.stop_requested(self.total_tokens())
+
+    def beat_answer(self) -> BeatAnswer:
+        """The answer to a heartbeat (lock held): the token budget's state."""
+        return self.budget.answer(self.total_tokens(), len(self.sessions))
+
+    def joined(self, now: float) -> None:
+        """A learner joined (lock held): the run's start time once the expected learners
+        are here."""
+        start = self.barrier.joined(now, len(self.sessions))
+        if start is not None:
+            self.acct["start_at"] = start
 
     def total_tokens(self) -> int:
         return self.books.total_tokens()
