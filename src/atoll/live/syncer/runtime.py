@@ -29,7 +29,7 @@ from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
 from atoll.live.syncer.books import Books, new_accounts
 from atoll.live.syncer.outbox import Control, Session
-from atoll.live.syncer.store import Restored, Tape, commit_record, restore, write_snapshot
+from atoll.live.syncer.store import RestoreResult, Tape, commit_record, restore, write_snapshot
 from atoll.threads import guarded
 
 
@@ -98,7 +98,7 @@ class SyncerRuntime:
         self._snapshotting = threading.Lock()
 
     # -- durability ---------------------------------------------------------------------------
-    def _restore(self) -> Restored:
+    def _restore(self) -> RestoreResult:
         r = restore(self.proto, self.snapshot_path, self.tape)
         if r.found:
             self.acct.update(r.extra)
