@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from atoll.core.events import LimitReached, Refused, TransferBroken
 from atoll.core.messages import Heal, PushAnswer, Refusal, Rejection, Send
 from atoll.live.syncer.outbox import Control, Session
 from atoll.live.syncer.runtime import SyncerRuntime
@@ -99,16 +100,14 @@ class Handlers(pbg.SyncerServicer):
     def _over_limit(
         self, context: grpc.ServicerContext, what: str, limit: int, learner: str
     ) -> None:
-        self.rt.record("limit_reached", what=what, limit=limit, learner=learner[:100])
+        self.rt.record(LimitReached(what=what, limit=limit, learner=learner[:100]))
         context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED, f"this syncer takes at most {limit} {what}"
         )
 
     # -- Push ---------------------------------------------------------------------------------
     def _refuse(self, learner: str, fragment: int, code: Refusal, reason: str) -> pb.PushReply:
-        self.rt.record(
-            "refused", learner=learner, fragment=fragment, reason=reason, code=code.value
-        )
+        self.rt.record(Refused(learner, fragment, reason, code.value))
         return convert.push_reply(Rejection(code, reason).answer())
 
     def Push(  # noqa: N802
@@ -154,7 +153,7 @@ class Handlers(pbg.SyncerServicer):
         except TransferError as exc:
             return self._refuse(h.learner, h.fragment, Refusal.TRANSFER, str(exc))
         except Exception as exc:  # the stream broke: nothing of it reaches the protocol
-            rt.record("transfer_broken", learner=h.learner, fragment=h.fragment, error=str(exc))
+            rt.record(TransferBroken(learner=h.learner, fragment=h.fragment, error=str(exc)))
             reason = f"transfer broken: {exc}"
             return convert.push_reply(Rejection(Refusal.TRANSFER, reason).answer())
         now = time.time()

@@ -22,7 +22,21 @@ from typing import Any
 import torch
 
 from atoll.core.budget import BeatAnswer, StartBarrier, TokenBudget
-from atoll.core.events import Accepted, AuthRefused, Event, Refused, SeenCheck, TransferBroken
+from atoll.core.events import (
+    Accepted,
+    AuthRefused,
+    DiskFailed,
+    Event,
+    Record,
+    Refused,
+    Restored,
+    SeenCheck,
+    Snapshot,
+    SnapshotFailed,
+    SyncerStopped,
+    ThreadDied,
+    TransferBroken,
+)
 from atoll.core.fragments import FragmentPlan
 from atoll.core.messages import Commit, FragmentUpdate, Pull, Send, SetTimer, TimerKey
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
@@ -106,15 +120,14 @@ class SyncerRuntime:
             self.acct["lost_committed_rounds"] = (
                 int(self.acct.get("lost_committed_rounds", 0)) + r.lost_committed_rounds
             )
-            self.events.emit(
-                "restored",
-                "syncer",
+            restored = Restored(
                 snapshot_records=r.snapshot_seq,
                 replayed=r.replayed,
                 rounds_closed=self.proto.rounds_closed,
                 versions=list(self.proto.version),
                 lost_committed_rounds=r.lost_committed_rounds,
             )
+            self.events.record("syncer", restored)
         return r
 
     def snapshot(self) -> None:
@@ -132,7 +145,7 @@ class SyncerRuntime:
         write_snapshot(self.snapshot_path, state, seq, extra)
         self.tape.drop_before(self._prev_snapshot_seq)
         self._prev_snapshot_seq = seq
-        self.events.emit("snapshot", "syncer", tape_next=seq, rounds=state["rounds_closed"])
+        self.events.record("syncer", Snapshot(tape_next=seq, rounds=state["rounds_closed"]))
 
     def _tape_call(self, fn: Any) -> Any:
         """A write to the tape; if the disk refuses it (full, read-only, out of descriptors)
@@ -141,14 +154,15 @@ class SyncerRuntime:
         try:
             return fn()
         except OSError as exc:
-            self.fatal("disk_failed", EXIT_DISK, error=str(exc), path=str(self.tape.folder))
+            self.fatal(DiskFailed(error=str(exc), path=str(self.tape.folder)), EXIT_DISK)
 
-    def fatal(self, kind: str, code: int, **data: Any) -> None:
+    def fatal(self, record: Record, code: int) -> None:
         """Write the event (if the disk still takes it), say it on stderr, end the process."""
         import sys
 
-        self.events.emit(kind, "syncer", **data)
-        print(f"atoll syncer: {kind} {data}; exiting with {code}", file=sys.stderr, flush=True)
+        self.events.record("syncer", record)
+        said = f"atoll syncer: {record.KIND} {record.to_dict()}; exiting with {code}"
+        print(said, file=sys.stderr, flush=True)
         self.exit(code)
         raise SystemExit(code)  # `exit` does not return; if a test's does, nothing goes on
 
@@ -176,12 +190,12 @@ class SyncerRuntime:
                 if sess is not None and ctl is not None and ctl.incarnation == sess.incarnation:
                     ctl.put(o.message)
 
-    def record(self, kind: str, **data: Any) -> None:
+    def record(self, record: Record) -> None:
         """An event of the driver's own (a transport refusal, a broken transfer): logged and
         counted as the protocol's events are."""
         now = time.time()
         with self.lock:
-            self.process(now, [Event.make(now, kind, "syncer", **data)])
+            self.process(now, [Event(now, "syncer", record)])
 
     def _account(self, e: Event) -> None:
         a = self.acct
@@ -294,7 +308,7 @@ class SyncerRuntime:
             try:
                 self.snapshot()
             except OSError as exc:  # a full disk, no descriptors left: try again next time
-                self.events.emit("snapshot_failed", "syncer", error=str(exc)[:500])
+                self.events.record("syncer", SnapshotFailed(error=str(exc)[:500]))
 
     def start_threads(self) -> None:
         for fn in (self._timer_loop, self._reaper_loop, self._snapshot_loop):
@@ -303,7 +317,7 @@ class SyncerRuntime:
             self._threads.append(t)
 
     def _thread_died(self, name: str, exc: BaseException) -> None:
-        self.fatal("thread_died", EXIT_THREAD_DIED, thread=name, error=repr(exc)[:500])
+        self.fatal(ThreadDied(thread=name, error=repr(exc)[:500]), EXIT_THREAD_DIED)
 
     def close_streams(self) -> None:
         self.stopping.set()
@@ -326,4 +340,4 @@ class SyncerRuntime:
                 params = {k: v.contiguous() for k, v in self.proto.global_params().items()}
             save_file(params, str(final_dir / "final.safetensors"))
         self.tape.close()
-        self.events.emit("syncer_stopped", "syncer", rounds=self.proto.rounds_closed)
+        self.events.record("syncer", SyncerStopped(rounds=self.proto.rounds_closed))
