@@ -7,6 +7,8 @@ from enum import Enum, StrEnum
 
 import torch
 
+from atoll.core.events import Refused
+
 
 @dataclass(frozen=True)
 class Contribution:
@@ -113,7 +115,12 @@ class Rejection:
     reason: str
 
     def answer(self) -> PushAnswer:
+        """The reply the learner gets."""
         return PushAnswer(False, self.reason, self.code.action, self.code.value)
+
+    def refused(self, learner: str, fragment: int) -> Refused:
+        """The event that records it."""
+        return Refused(learner, fragment, self.reason, self.code.value)
 
 
 class UpdateKind(StrEnum):

@@ -54,7 +54,6 @@ from atoll.core.events import (
     LinkBottleneck,
     Lost,
     MergeRefused,
-    Refused,
     RoundClosed,
 )
 from atoll.core.fragments import FragmentPlan
@@ -280,8 +279,7 @@ class SyncerProtocol:
             c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard
         )
         if isinstance(got, Rejection):
-            refused = Refused(c.learner, c.fragment, got.reason, got.code.value)
-            return [Event(now, "syncer", refused), got.answer()]
+            return [Event(now, "syncer", got.refused(c.learner, c.fragment)), got.answer()]
         self.guard.accept(p, got.rate, c.steps)
         if c.step_time > 0:
             self.grace.observe_step(c.step_time)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from atoll.core.events import LimitReached, Refused, TransferBroken
+from atoll.core.events import LimitReached, TransferBroken
 from atoll.core.messages import Heal, PushAnswer, Refusal, Rejection, Send
 from atoll.live.syncer.outbox import Control, Session
 from atoll.live.syncer.runtime import SyncerRuntime
@@ -107,8 +107,9 @@ class Handlers(pbg.SyncerServicer):
 
     # -- Push ---------------------------------------------------------------------------------
     def _refuse(self, learner: str, fragment: int, code: Refusal, reason: str) -> pb.PushReply:
-        self.rt.record(Refused(learner, fragment, reason, code.value))
-        return convert.push_reply(Rejection(code, reason).answer())
+        rejection = Rejection(code, reason)
+        self.rt.record(rejection.refused(learner, fragment))
+        return convert.push_reply(rejection.answer())
 
     def Push(  # noqa: N802
         self, request_iterator: Iterator[pb.Up], context: grpc.ServicerContext
