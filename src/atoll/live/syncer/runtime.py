@@ -168,7 +168,8 @@ class SyncerRuntime:
 
     # -- protocol outputs ---------------------------------------------------------------------
     def process(self, now: float, outputs: list) -> None:
-        """Handle protocol outputs (lock held): tape first, then events, timers, sends."""
+        """Handle protocol outputs (lock held): every `Commit` to the tape first, then events,
+        timers, sends (a `PushAnswer` is the handler's to send)."""
         for o in outputs:
             if isinstance(o, Commit):
                 rec = commit_record(self.proto, self.tape.next_seq, o.fragment, self.acct)
