@@ -16,6 +16,7 @@ from atoll.core.messages import (
     Heal,
     Outgoing,
     Progress,
+    PushAnswer,
     Refusal,
     Resume,
     Resumed,
@@ -177,8 +178,9 @@ def test_refusals_are_typed_and_leave_state_bit_identical(change, code):
     before = syncer.state_dict()
     c = _contrib(plan, "L0", 0, 1, 0)
     out = syncer.on_contribution(1.0, Contribution(**{**c.__dict__, **change}))
-    assert [e.kind for e in out] == ["refused"]
+    assert [e.kind for e in out if isinstance(e, Event)] == ["refused"]
     assert out[0].data.code == code.value and out[0].data.reason
+    assert out[1] == PushAnswer(False, out[0].data.reason, code.action, code.value)
     after = syncer.state_dict()
     for a, b in zip(before["fragments"], after["fragments"], strict=True):
         assert torch.equal(a["theta"], b["theta"]) and a["version"] == b["version"]

@@ -10,18 +10,41 @@ from atoll.core.events import KINDS
 SRC = Path(__file__).resolve().parents[1] / "src" / "atoll"
 
 
+RECORDS = {cls.__name__: kind for kind, cls in KINDS.items()}
+
+
 def _emits():
     for path in sorted(SRC.rglob("*.py")):
         tree = ast.parse(path.read_text())
+        typed = {  # the record classes this module imports (other modules have namesakes)
+            (x.asname or x.name): RECORDS[x.name]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "atoll.core.events"
+            for x in node.names
+            if x.name in RECORDS
+        }
         for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            where = path.relative_to(SRC), node.lineno
             if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("emit", "record")  # EventLog.emit, SyncerRuntime.record
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "emit"  # by kind name (deprecated: EventLog.emit)
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
             ):
-                yield path.relative_to(SRC), node.lineno, node.args[0].value, node.keywords
+                yield *where, node.args[0].value, node.keywords
+            elif isinstance(node.func, ast.Name) and node.func.id in typed:  # a typed record
+                kind = typed[node.func.id]
+                names = [f.name for f in dataclasses.fields(KINDS[kind])]
+                if any(isinstance(a, ast.Starred) for a in node.args):
+                    named = [ast.keyword(arg=None, value=ast.Constant(None))]  # a spread
+                else:
+                    named = [
+                        ast.keyword(arg=names[i] if i < len(names) else f"#{i}", value=a)
+                        for i, a in enumerate(node.args)
+                    ]
+                yield *where, kind, named + node.keywords
 
 
 def test_every_emitted_kind_and_field_is_defined():

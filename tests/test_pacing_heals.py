@@ -11,7 +11,16 @@ from atoll.config import SimConfig
 from atoll.core import codec
 from atoll.core.events import Event
 from atoll.core.learner import LearnerProtocol
-from atoll.core.messages import Contribution, Heal, Progress, Pull, Send, SetTimer
+from atoll.core.messages import (
+    CloseRound,
+    Contribution,
+    Heal,
+    Progress,
+    Pull,
+    PullTick,
+    Send,
+    SetTimer,
+)
 from atoll.core.syncer import SyncerProtocol
 from atoll.model.recipe import builtin_plan
 
@@ -51,11 +60,11 @@ def test_a_pulled_round_waits_for_every_learner_within_its_answer_window():
     first answer (here 0.5 s: gamma * slack) and each late answer made a round of its own."""
     s = syncer()
     out = started(s, ["L0", "L1", "L2"], [1.0, 1.0, 1.5])
-    assert [o.key for o in out if isinstance(o, SetTimer)] == [("pull", 0)]
-    out = s.on_timer(1.0, ("pull", 0))
+    assert [o.key for o in out if isinstance(o, SetTimer)] == [PullTick(0)]
+    out = s.on_timer(1.0, PullTick(0))
     pulls = [o for o in out if isinstance(o, Send) and isinstance(o.message, Pull)]
     p = pulls[0].message.fragment
-    deadline = [o.at for o in out if isinstance(o, SetTimer) and o.key[0] == "close"]
+    deadline = [o.at for o in out if isinstance(o, SetTimer) and isinstance(o.key, CloseRound)]
     assert deadline and deadline[0] >= 1.0 + 1.5  # the slowest learner's step time
     assert not closed(answer(s, "L0", p, 1.3))
     assert not closed(answer(s, "L1", p, 1.9))  # past the old grace window
@@ -66,11 +75,11 @@ def test_a_pulled_round_waits_for_every_learner_within_its_answer_window():
 def test_at_the_deadline_the_round_closes_and_a_late_answer_is_merged_alone():
     s = syncer()
     started(s, ["L0", "L1"], [1.0, 1.0])
-    out = s.on_timer(1.0, ("pull", 0))
+    out = s.on_timer(1.0, PullTick(0))
     p = next(o.message.fragment for o in out if isinstance(o, Send))
-    (at,) = [o.at for o in out if isinstance(o, SetTimer) and o.key[0] == "close"]
+    (at,) = [o.at for o in out if isinstance(o, SetTimer) and isinstance(o.key, CloseRound)]
     answer(s, "L0", p, 1.2)
-    rounds = closed(s.on_timer(at, ("close", p, s.round_id[p])))
+    rounds = closed(s.on_timer(at, CloseRound(p, s.round_id[p])))
     assert len(rounds) == 1 and rounds[0].participants == ["L0"]
     out = answer(s, "L1", p, at + 5.0)  # far too late: the push rule (quorum, grace window)
     assert closed(out) or any(isinstance(o, SetTimer) for o in out)
@@ -79,8 +88,8 @@ def test_at_the_deadline_the_round_closes_and_a_late_answer_is_merged_alone():
 def test_without_grace_a_pulled_round_closes_at_the_quorum():
     s = syncer(grace=False)
     started(s, ["L0", "L1"], [1.0, 1.0])
-    out = s.on_timer(1.0, ("pull", 0))
-    assert not [o for o in out if isinstance(o, SetTimer) and o.key[0] == "close"]
+    out = s.on_timer(1.0, PullTick(0))
+    assert not [o for o in out if isinstance(o, SetTimer) and isinstance(o.key, CloseRound)]
     p = next(o.message.fragment for o in out if isinstance(o, Send))
     assert len(closed(answer(s, "L0", p, 1.2))) == 1
 

@@ -16,7 +16,7 @@ import torch
 from atoll.config import SimConfig
 from atoll.core import codec
 from atoll.core.events import Event
-from atoll.core.messages import Contribution, Progress, Resume, SetTimer
+from atoll.core.messages import Contribution, Progress, PullTick, Resume, SetTimer
 from atoll.core.syncer import SyncerProtocol
 from atoll.eventlog import read_events
 from atoll.live.syncer import SyncerOptions, SyncerService
@@ -115,7 +115,7 @@ def test_guard_takes_ordinary_deltas_and_refuses_an_outlier_once_warm():
 
 # -- 4. a step time of 1e300 ---------------------------------------------------------------------
 def _pull_period(s, now) -> float:
-    timers = [o for o in s.on_timer(now, ("pull", s.tick)) if isinstance(o, SetTimer)]
+    timers = [o for o in s.on_timer(now, PullTick(s.tick)) if isinstance(o, SetTimer)]
     return timers[0].at - now
 
 
@@ -346,7 +346,7 @@ def test_a_background_thread_that_raises_takes_the_syncer_down_loudly(live, monk
 
     monkeypatch.setattr(service.runtime.proto, "on_timer", broken)
     with service.runtime.lock:
-        service.runtime.process(time.time(), [SetTimer(time.time(), ("pull", 0))])
+        service.runtime.process(time.time(), [SetTimer(time.time(), PullTick(0))])
     _wait(lambda: died, "the fatal exit")
     assert died == [runtime_mod.EXIT_THREAD_DIED]
     assert _events(tmp_path, "thread_died")[0]["data"]["thread"] == "_timer_loop"

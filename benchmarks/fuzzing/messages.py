@@ -305,7 +305,7 @@ def contribute(h: Any, payload: bytes) -> str:
 
 
 def join(h: Any) -> str:
-    r = convert.resume_from_hello(h, "E1")
+    r = convert.resume_from_hello(h, "E1", {"E1", h.epoch})  # any epoch named was this run's
     if r is not None and not all(isinstance(v, int) for v in r.base_versions + r.latest_versions):
         raise Violation(f"resume of non-integers: {r}")
     proto = make_syncer()

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Container
+from dataclasses import dataclass
+
+import torch
 
 from atoll.core import codec
 from atoll.core.fragments import FragmentPlan
+from atoll.core.guard import MagnitudeGuard
 from atoll.core.messages import Contribution, Refusal, Rejection
 
 # Bounds on a header's numbers, far beyond any real run: a learner's bug must not be able to
@@ -91,3 +95,32 @@ def check_contribution(
     if numel != want:
         return Rejection(Refusal.PAYLOAD, f"fragment {c.fragment} has {want} values, got {numel}")
     return None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A contribution that passed every check: the learner's value (base - delta) and the
+    magnitude guard's measure of its delta (recorded once it is accepted)."""
+
+    theta: torch.Tensor
+    rate: float
+
+
+def decode_checked(
+    c: Contribution, numel: int, base: torch.Tensor, guard: MagnitudeGuard
+) -> Decoded | Rejection:
+    """Decode a contribution whose header passed `check_contribution`, against the public
+    value `base` of its base version: a payload that does not decode, a delta beyond the
+    magnitude guard (core/guard.py) or one that overflows float32 is refused."""
+    try:
+        delta = codec.decode(c.payload, numel)
+    except codec.CodecError as exc:
+        return Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
+    rate = guard.rate(c.fragment, delta, c.steps)
+    bad = guard.check(c.fragment, rate, base)
+    if bad is not None:
+        return bad
+    theta = base - delta
+    if not bool(torch.isfinite(theta).all()):
+        return Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
+    return Decoded(theta, rate)

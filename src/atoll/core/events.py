@@ -32,8 +32,8 @@ Drivers (virtual-time and live learners):
 Live learner's communication side:
     heal_needed, comm_fatal, refused_by_syncer (reason); push_refused (fragment, reason);
     final_beat_lost (tokens): the syncer never counted the final counters;
-    push_failed (fragment, error); transfer_error (error); disconnected (retry_in_s);
-    reconnected (heal, epoch)
+    push_failed (fragment, error); transfer_failed (error): an update that could not be
+    received; disconnected (retry_in_s); reconnected (heal, epoch)
 Live syncer:
     syncer_started (port, epoch, restored); syncer_stopped (rounds); restored (snapshot_records,
     replayed, rounds_closed, versions, lost_committed_rounds); snapshot (tape_next, rounds);
@@ -239,7 +239,7 @@ class PushFailed(Record):
     error: str
 
 
-@_kind("transfer_error")
+@_kind("transfer_failed")
 class TransferFailed(Record):
     error: str
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 
 import torch
+
+from atoll.core.events import Refused
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,14 @@ class Outgoing:
         )
 
 
+class Action(StrEnum):
+    """What a refused learner should do: nothing (send again), rejoin, or heal."""
+
+    NONE = ""
+    REJOIN = "rejoin"
+    HEAL = "heal"
+
+
 class Refusal(Enum):
     """Why the syncer refused a contribution; `action` is what the learner should do."""
 
@@ -79,9 +89,22 @@ class Refusal(Enum):
     MAGNITUDE = "magnitude"  # a delta far beyond what the run has seen (core/guard.py)
 
     @property
-    def action(self) -> str:
-        heal = (Refusal.STALE_BASE, Refusal.MAGNITUDE)
-        return "rejoin" if self is Refusal.NOT_JOINED else "heal" if self in heal else ""
+    def action(self) -> Action:
+        if self is Refusal.NOT_JOINED:
+            return Action.REJOIN
+        return Action.HEAL if self in (Refusal.STALE_BASE, Refusal.MAGNITUDE) else Action.NONE
+
+
+@dataclass(frozen=True)
+class PushAnswer:
+    """Syncer -> learner: the answer to one contribution (an output of `on_contribution`,
+    and of a driver's own refusals): accepted, or refused with the reason, the code
+    (`Refusal.value`) and what the learner should do."""
+
+    accepted: bool
+    reason: str = ""
+    action: Action = Action.NONE
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +113,23 @@ class Rejection:
 
     code: Refusal
     reason: str
+
+    def answer(self) -> PushAnswer:
+        """The reply the learner gets."""
+        return PushAnswer(False, self.reason, self.code.action, self.code.value)
+
+    def refused(self, learner: str, fragment: int) -> Refused:
+        """The event that records it."""
+        return Refused(learner, fragment, self.reason, self.code.value)
+
+
+class UpdateKind(StrEnum):
+    """What a FragmentUpdate's payload is: the value ("full"), the change of the public value
+    ("delta"), or nothing, the learner holds the value already ("held")."""
+
+    FULL = "full"
+    DELTA = "delta"
+    HELD = "held"
 
 
 @dataclass(frozen=True)
@@ -102,7 +142,7 @@ class FragmentUpdate:
 
     fragment: int
     version: int
-    kind: str
+    kind: UpdateKind
     base_version: int
     payload: bytes
     included: tuple[tuple[str, int], ...]
@@ -165,12 +205,42 @@ class Resumed:
     updates: tuple[FragmentUpdate, ...]
 
 
+Message = Heal | Resumed | FragmentUpdate | Pull | Progress | Outgoing | Contribution
+
+
 @dataclass(frozen=True)
 class Send:
     """Output of a protocol: deliver `message` to `to` ("syncer" or a learner id)."""
 
     to: str
-    message: object
+    message: Message
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Output of the syncer protocol: a merge made `version` of `fragment` (it comes before
+    the round's updates: a durable driver records the fragment's state first)."""
+
+    fragment: int
+    version: int
+
+
+@dataclass(frozen=True)
+class PullTick:
+    """Timer key: the pull clock's tick `tick` is due (the pull schedule)."""
+
+    tick: int
+
+
+@dataclass(frozen=True)
+class CloseRound:
+    """Timer key: the round `round_id` of `fragment` is due to close (answer or grace window)."""
+
+    fragment: int
+    round_id: int
+
+
+TimerKey = PullTick | CloseRound
 
 
 @dataclass(frozen=True)
@@ -178,4 +248,4 @@ class SetTimer:
     """Output of a protocol: call its `on_timer(key)` at time `at`."""
 
     at: float
-    key: tuple
+    key: TimerKey

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import math
 
+from atoll.core.checks import STEP_TIME_MAX
 from atoll.core.grace import SPAN, GracePolicy
+from atoll.core.messages import Progress
 
 UPLOAD_FLOOR_S = 1.0  # an average upload below this is never called a link bottleneck
 
@@ -37,6 +39,29 @@ class PullRounds:
         self.step_of: dict[str, float] = {}  # learner -> its reported step time
         self.uploads: dict[str, float] = {}  # learner -> average upload time (EMA 0.2)
         self.slow_links: set[str] = set()  # learners whose link is the bottleneck now
+        self.reported: dict[str, tuple[int, float]] = {}  # learner -> (steps, work_s) reported
+
+    def measure(self, msg: Progress) -> tuple[float, int] | None:
+        """A learner's step report (`msg.step` steps since it joined, `msg.work_s` their
+        seconds): its mean step time and the steps it covers (None: no new step, or a mean
+        beyond STEP_TIME_MAX); the mean is the learner's reported step time (one step, or its
+        first report), or its work since its previous report over the steps it covers."""
+        prev = self.reported.get(msg.learner)
+        k = msg.step - (prev[0] if prev else 0)
+        if k <= 0:
+            return None
+        mean = msg.step_time  # the learner's own measure: one step, or its first report
+        work = msg.work_s if math.isfinite(msg.work_s) else (prev[1] if prev else 0.0)
+        if prev is not None and k > 1 and work > prev[1]:
+            mean = (work - prev[1]) / k
+        self.reported[msg.learner] = (msg.step, work)
+        if not 0 < mean <= STEP_TIME_MAX:
+            return None
+        return mean, k
+
+    def rejoined(self, learner: str) -> None:
+        """Its step count starts over (it reports steps since it joined)."""
+        self.reported.pop(learner, None)
 
     def upload(
         self, learner: str, seconds: float, grace: GracePolicy
@@ -64,6 +89,7 @@ class PullRounds:
         self.step_of[learner] = step_time
 
     def forget(self, learner: str) -> None:
+        self.reported.pop(learner, None)
         self.step_of.pop(learner, None)
         self.uploads.pop(learner, None)
         self.slow_links.discard(learner)

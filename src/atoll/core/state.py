@@ -1,5 +1,10 @@
 """The syncer protocol's durable state: what a snapshot and a tape record hold.
 
+Held by SyncerProtocol in two pieces: `GlobalState` (every fragment's exact global value,
+the learners' public copy, its version, its outer-optimizer state, the public versions kept
+(`History`), and the count of merges), and `Averages` (the running averages a restart
+keeps: the grace window's and each fragment's usual round weight).
+
 `state_dict()` is the whole state as plain values and tensors (it may be written without the
 lock that guards the protocol: the current values are copies, and the history values are
 shared, which is safe because the protocol never changes a tensor it holds in place, it
@@ -22,10 +27,15 @@ afresh, and timers of an earlier process never fire (round ids move on).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from atoll.core.fragments import FragmentPlan
+from atoll.core.grace import GracePolicy
+from atoll.core.merge import RoundWeight
 from atoll.core.outer import OuterState
 
 
@@ -37,40 +47,102 @@ def _same(t: torch.Tensor | None) -> torch.Tensor | None:
     return t
 
 
-class DurableState:
-    """Mixed into SyncerProtocol: its state in and out."""
+class History:
+    """The public values of each fragment's newest `keep` versions: what a learner's base
+    version is resolved against (its contribution is taken against the value it started
+    from), and what an update sent in full instead of a delta is encoded from."""
 
-    plan: Any
-    cfg: Any
-    theta: list[torch.Tensor]
-    public: list[torch.Tensor]
-    version: list[int]
-    history: list[OrderedDict[int, torch.Tensor]]
-    outer_state: list[OuterState]
-    grace: Any
-    round_weight: Any
-    rounds_closed: int
-    round_id: list[int]
-    restored_versions: list[int]
+    def __init__(self, values: Sequence[torch.Tensor], keep: int) -> None:
+        self.keep = keep
+        self.versions: list[OrderedDict[int, torch.Tensor]] = [
+            OrderedDict({0: v.clone()}) for v in values
+        ]
 
-    def _remember(self, p: int) -> None:
-        """Keep the public value of fragment p's current version (the newest `history`)."""
-        hist = self.history[p]
-        hist[self.version[p]] = self.public[p].clone()
-        while len(hist) > self.cfg.history:
+    def __getitem__(self, p: int) -> OrderedDict[int, torch.Tensor]:
+        return self.versions[p]
+
+    def __len__(self) -> int:
+        return len(self.versions)
+
+    def held(self, p: int) -> OrderedDict[int, torch.Tensor] | None:
+        """Fragment p's versions (None for a fragment index out of range)."""
+        return self.versions[p] if 0 <= p < len(self.versions) else None
+
+    def holds_all(self, versions: Sequence[int]) -> bool:
+        """Every fragment's given version is still held (one version per fragment)."""
+        return all(v in self.versions[p] for p, v in enumerate(versions))
+
+    def remember(self, p: int, version: int, public: torch.Tensor) -> None:
+        """Keep (a copy of) fragment p's public value of `version`, the newest."""
+        hist = self.versions[p]
+        hist[version] = public.clone()
+        while len(hist) > self.keep:
             hist.popitem(last=False)
 
-    def _grace_state(self) -> dict[str, float | None]:
-        """The running averages: the grace window's, each fragment's usual round weight."""
+    def newest(self, p: int, n: int) -> dict[int, torch.Tensor]:
+        """Fragment p's newest `n` versions (the held tensors themselves)."""
+        return dict(list(self.versions[p].items())[-n:])
+
+    def load(self, p: int, versions: dict[int, torch.Tensor], replace: bool) -> None:
+        """Add (copies of) `versions` to what is held of fragment p, or replace it."""
+        if replace:
+            self.versions[p] = OrderedDict()
+        for v, t in sorted(versions.items()):
+            self.versions[p][v] = t.clone()
+
+
+@dataclass
+class Averages:
+    """The running averages a restart keeps: the grace window's (step time, wait for the
+    quorum, sync time) and each fragment's usual round weight."""
+
+    grace: GracePolicy
+    round_weight: RoundWeight
+
+    def state_dict(self) -> dict[str, float | None]:
         g = self.grace
         return {"step": g.step.value, "to_quorum": g.to_quorum.value, "sync": g.sync.value,
                 **self.round_weight.state()}  # fmt: skip
 
-    def _set_grace(self, st: dict[str, float | None]) -> None:
+    def load_state_dict(self, st: dict[str, float | None]) -> None:
         self.grace.step.value = st.get("step")
         self.grace.to_quorum.value = st.get("to_quorum")
         self.grace.sync.value = st.get("sync")
         self.round_weight.load(st)  # absent in older snapshots: None, no scaling yet
+
+
+class GlobalState:
+    """Every fragment's exact global value `theta`, the learners' `public` copy of it, its
+    `version`, its outer-optimizer state, the public versions kept, and `rounds_closed`; with
+    the `averages` it is the protocol's whole durable state."""
+
+    def __init__(
+        self, plan: FragmentPlan, init: list[torch.Tensor], keep: int, averages: Averages
+    ) -> None:
+        self.plan, self.keep, self.averages = plan, keep, averages
+        self.theta = [v.detach().float().clone().reshape(-1) for v in init]
+        self.public = [v.clone() for v in self.theta]
+        self.version = [0] * plan.P
+        self.history = History(self.public, keep)
+        self.outer_state = [OuterState() for _ in range(plan.P)]
+        self.rounds_closed = 0
+
+    def version_of(self, p: int) -> int:
+        """Fragment p's version (-1 for an index out of range)."""
+        return self.version[p] if 0 <= p < self.plan.P else -1
+
+    def commit(
+        self, p: int, theta: torch.Tensor, public: torch.Tensor, outer_state: OuterState
+    ) -> None:
+        """A merge of fragment p: its new values, the next version, one more round closed."""
+        self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state
+        self.version[p] += 1
+        self.remember(p)
+        self.rounds_closed += 1
+
+    def remember(self, p: int) -> None:
+        """Keep the public value of fragment p's current version (the newest `history`)."""
+        self.history.remember(p, self.version[p], self.public[p])
 
     def fragment_state(
         self, p: int, keep_history: int | None = None, copy: bool = True
@@ -79,7 +151,6 @@ class DurableState:
         the current one, which a tape record needs). `copy=False`: the protocol's own tensors
         (to be serialized at once, under the lock)."""
         st = self.outer_state[p]
-        items = list(self.history[p].items())[-(keep_history or 1) :]
         c = _clone if copy else _same
         return {
             "fragment": p,
@@ -87,9 +158,9 @@ class DurableState:
             "theta": c(self.theta[p]),
             "public": c(self.public[p]),
             "outer": {"buf": c(st.buf), "acc": c(st.acc), "count": st.count},
-            "history": dict(items),
+            "history": self.history.newest(p, keep_history or 1),
             "rounds_closed": self.rounds_closed,
-            "grace": self._grace_state(),
+            "grace": self.averages.state_dict(),
         }
 
     def load_fragment_state(self, st: dict[str, Any], replace_history: bool = False) -> None:
@@ -101,21 +172,18 @@ class DurableState:
         self.version[p] = st["version"]
         o = st["outer"]
         self.outer_state[p] = OuterState(_clone(o.get("buf")), _clone(o.get("acc")), o["count"])
-        if replace_history:
-            self.history[p] = OrderedDict()
-        for v, t in sorted(st["history"].items()):
-            self.history[p][v] = t.clone()
-        self._remember(p)
+        self.history.load(p, st["history"], replace_history)
+        self.remember(p)
         self.rounds_closed = st["rounds_closed"]
-        self._set_grace(st["grace"])
+        self.averages.load_state_dict(st["grace"])
 
     def state_dict(self, keep_history: int | None = None) -> dict[str, Any]:
         """The whole durable state (copies); `keep_history` public versions per fragment
-        (default: as many as the protocol holds)."""
-        keep = keep_history or self.cfg.history
+        (default: as many as are held)."""
+        keep = keep_history or self.keep
         return {
             "rounds_closed": self.rounds_closed,
-            "grace": self._grace_state(),
+            "grace": self.averages.state_dict(),
             "fragments": [self.fragment_state(p, keep) for p in range(self.plan.P)],
         }
 
@@ -134,10 +202,3 @@ class DurableState:
                 {**st, "rounds_closed": state["rounds_closed"], "grace": state["grace"]},
                 replace_history=True,
             )
-        self.loaded()
-
-    def loaded(self) -> None:
-        """After a restore: timers of the earlier process never fire, and the versions now
-        held are what learners of an earlier epoch are checked against."""
-        self.round_id = [r + 1 for r in self.round_id]
-        self.restored_versions = list(self.version)

@@ -3,8 +3,10 @@
 It holds the global value Theta_p and outer-optimizer state of every fragment. Inputs:
 `on_join` (a learner (re)connects: it heals, or resumes with its progress), `on_listening`
 (its pull channel opened or closed), `on_lost`, `on_contribution`, `on_progress`,
-`on_timer`, `close_all` (end of run). Outputs: `Send` (to a learner), `SetTimer`, and `Event`s
-for the stream. Durable state: `state_dict()` / `load_state_dict()` (atoll.core.state).
+`on_timer`, `close_all` (end of run). Outputs: `Send` (to a learner), `SetTimer`, `Event`s
+for the stream, and records a driver acts on: `Commit` (a merge to make durable before its
+updates go out) and `PushAnswer` (the reply to a contribution). Durable state:
+`state_dict()` / `load_state_dict()` (atoll.core.state).
 
 Pacing (`schedule`): with "pull" (default) the syncer keeps a tick clock at the measured step
 time (EMA of the learners' Progress reports); at tick g it sends Pull for every fragment with
@@ -34,15 +36,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from atoll.core import codec
-from atoll.core.admission import Admission
-from atoll.core.checks import STEP_TIME_MAX, check_contribution
+from atoll.core.admission import HealCache, SeenVersions, can_resume
+from atoll.core.checks import check_contribution, decode_checked
 from atoll.core.counters import token_weight
 from atoll.core.delivery import Delivery
 from atoll.core.events import (
@@ -52,7 +54,6 @@ from atoll.core.events import (
     LinkBottleneck,
     Lost,
     MergeRefused,
-    Refused,
     RoundClosed,
 )
 from atoll.core.fragments import FragmentPlan
@@ -60,21 +61,25 @@ from atoll.core.grace import GracePolicy
 from atoll.core.guard import MagnitudeGuard
 from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS, RoundWeight, merge_fragment
 from atoll.core.messages import (
+    CloseRound,
+    Commit,
     Contribution,
     FragmentUpdate,
     Heal,
     Progress,
     Pull,
-    Refusal,
+    PullTick,
+    PushAnswer,
     Rejection,
     Resume,
     Resumed,
     Send,
     SetTimer,
+    TimerKey,
 )
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.core.pacing import PullRounds
-from atoll.core.state import DurableState
+from atoll.core.state import Averages, GlobalState, History
 from atoll.errors import ConfigError
 
 PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that covers many steps
@@ -131,45 +136,91 @@ class _Pending:
     arrived: float
 
 
-class SyncerProtocol(Admission, Delivery, DurableState):
+class SyncerProtocol:
     def __init__(
         self, plan: FragmentPlan, init: list[torch.Tensor], config: SyncerConfig | None = None
     ) -> None:
         self.plan = plan
-        self.cfg = config or SyncerConfig()
-        self.cfg.validate()
+        self.cfg = cfg = config or SyncerConfig()
+        cfg.validate()
         if len(init) != plan.P:
             raise ValueError(f"need {plan.P} initial fragment values, got {len(init)}")
-        self.theta = [v.detach().float().clone().reshape(-1) for v in init]
-        self.public = [v.clone() for v in self.theta]
-        self.version = [0] * plan.P
-        self.history: list[OrderedDict[int, torch.Tensor]] = [
-            OrderedDict({0: v.clone()}) for v in self.public
-        ]
-        self.outer = OuterOptimizer(
-            self.cfg.outer, self.cfg.outer_lr, self.cfg.outer_momentum, self.cfg.outer_delay
-        )
-        self.outer_state = [OuterState() for _ in range(plan.P)]
-        self.grace = GracePolicy(
-            self.cfg.quorum, self.cfg.tau, self.cfg.grace_gamma, self.cfg.grace_ema, self.cfg.grace
-        )
-        self.guard = MagnitudeGuard(plan.P, self.cfg.guard)
-        self.round_weight = RoundWeight(plan.P, self.cfg.light_rounds)
+        self.outer = OuterOptimizer(cfg.outer, cfg.outer_lr, cfg.outer_momentum, cfg.outer_delay)
+        self.grace = GracePolicy(cfg.quorum, cfg.tau, cfg.grace_gamma, cfg.grace_ema, cfg.grace)
+        self.guard = MagnitudeGuard(plan.P, cfg.guard)
+        self.round_weight = RoundWeight(plan.P, cfg.light_rounds)
+        # the durable state (core/state.py) and what is derived from it
+        self.state = GlobalState(plan, init, cfg.history, Averages(self.grace, self.round_weight))
+        self.heals = HealCache(plan, cfg.heal_codec, cfg.group)  # heals: encoded once
+        self.delivery = Delivery(plan, self.state, cfg.down_codec, cfg.heal_codec, cfg.group)
+        self.seen = SeenVersions(plan.P)  # versions restored and seen by earlier epochs
         self.live: set[str] = set()
         self.listening: set[str] = set()  # live learners whose pulls can reach them
-        self.reported: dict[str, tuple[int, float]] = {}  # learner -> (steps, work_s) reported
         self.pending: list[dict[str, _Pending]] = [{} for _ in range(plan.P)]
         self.quorum_at: list[float | None] = [None] * plan.P
         self.round_id = [0] * plan.P
-        self.rounds_closed = 0
         self.tick = -1  # pull clock: -1 until the first step time is measured
         self.pulled = PullRounds(plan.P)  # when each pulled round closes (core/pacing.py)
         # pulled rounds wait for the answer window; without grace they close at the quorum
         self._answer_window = self.cfg.schedule == "pull" and self.cfg.grace
-        self.restored_versions = [0] * plan.P  # versions when this process started
-        self.max_seen = [-1] * plan.P  # newest versions learners of earlier epochs had seen
-        self.full_frames: dict[int, tuple[torch.Tensor, bytes]] = {}  # heals: encoded once
-        self.digest_cache: dict[int, tuple[torch.Tensor, dict[str, bytes]]] = {}
+
+    # -- the durable state (atoll.core.state) -------------------------------------------------
+    @property
+    def theta(self) -> list[torch.Tensor]:
+        return self.state.theta
+
+    @property
+    def public(self) -> list[torch.Tensor]:
+        return self.state.public
+
+    @property
+    def version(self) -> list[int]:
+        return self.state.version
+
+    @property
+    def history(self) -> History:
+        return self.state.history
+
+    @property
+    def outer_state(self) -> list[OuterState]:
+        return self.state.outer_state
+
+    @property
+    def rounds_closed(self) -> int:
+        return self.state.rounds_closed
+
+    def fragment_state(
+        self, p: int, keep_history: int | None = None, copy: bool = True
+    ) -> dict[str, Any]:
+        return self.state.fragment_state(p, keep_history, copy)
+
+    def load_fragment_state(self, st: dict[str, Any], replace_history: bool = False) -> None:
+        self.state.load_fragment_state(st, replace_history)
+
+    def state_dict(self, keep_history: int | None = None) -> dict[str, Any]:
+        return self.state.state_dict(keep_history)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.load_state_dict(state)
+        self.loaded()
+
+    def loaded(self) -> None:
+        """After a restore: timers of the earlier process never fire, and the versions now
+        held are what learners of an earlier epoch are checked against."""
+        self.round_id = [r + 1 for r in self.round_id]
+        self.seen.restored = list(self.version)
+
+    # -- delivery (atoll.core.delivery) ---------------------------------------------------------
+    def coalesce(
+        self, queued: tuple[FragmentUpdate, ...], new: FragmentUpdate
+    ) -> tuple[FragmentUpdate, ...]:
+        return self.delivery.coalesce(queued, new)
+
+    def global_params(self) -> dict[str, torch.Tensor]:
+        return self.delivery.global_params()
+
+    def heal_message(self, digests: Mapping[str, bytes] | None = None) -> Heal:
+        return self.heals.heal(self.version, self.public, digests)
 
     # -- membership --------------------------------------------------------------------------
     def on_join(
@@ -185,10 +236,10 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         `digests` show it holds them already), or, asking to `resume` with base versions
         still held, keeps its progress and gets the fragments it lacks.
         `listening=False`: its pull channel opens later (`on_listening`)."""
-        out: list = [] if resume is None else self._seen_check(now, learner, resume)
-        heal = not self.can_resume(resume)
+        out: list = [] if resume is None else self.seen.check(now, learner, resume)
+        heal = not can_resume(resume, self.history)
         self.live.add(learner)
-        self.reported.pop(learner, None)
+        self.pulled.rejoined(learner)
         if listening:
             self.listening.add(learner)
         else:
@@ -197,8 +248,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             msg: Heal | Resumed = self.heal_message(digests)
         else:
             assert resume is not None
-            lacking = [p for p in range(self.plan.P) if self.version[p] > resume.latest_versions[p]]
-            msg = Resumed(tuple(self._full(p) for p in lacking))
+            msg = self.heals.resumed(self.version, self.public, resume.latest_versions)
         joined = Joined(learner) if incarnation is None else Joined(learner, incarnation, heal)
         return [Send(learner, msg), *out, Event(now, "syncer", joined)]
 
@@ -207,14 +257,12 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             self.listening.add(learner)
         else:
             self.listening.discard(learner)
-            self.reported.pop(learner, None)
             self.pulled.forget(learner)
         return []
 
     def on_lost(self, now: float, learner: str, why: str | None = None) -> list:
         self.live.discard(learner)
         self.listening.discard(learner)
-        self.reported.pop(learner, None)
         self.pulled.forget(learner)
         out: list = [Event(now, "syncer", Lost(learner, why))]
         for p in range(self.plan.P):
@@ -225,44 +273,26 @@ class SyncerProtocol(Admission, Delivery, DurableState):
     def on_contribution(self, now: float, c: Contribution) -> list:
         p = c.fragment
         bad = check_contribution(
-            c, self.plan, self.live, self._held(p), self._version_of(p), self.cfg.codec
+            c, self.plan, self.live, self.history.held(p), self.state.version_of(p), self.cfg.codec
         )
-        theta_m, rate = None, 0.0
-        if bad is None:
-            try:
-                delta = codec.decode(c.payload, self.plan.fragments[p].numel)
-            except codec.CodecError as exc:
-                bad = Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
-            else:
-                base = self.history[p][c.base_version]
-                rate = self.guard.rate(p, delta, c.steps)
-                bad = self.guard.check(p, rate, base)
-                theta_m = base - delta
-                if bad is None and not bool(torch.isfinite(theta_m).all()):
-                    bad = Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
-        if bad is not None:
-            return [
-                Event(now, "syncer", Refused(c.learner, c.fragment, bad.reason, bad.code.value))
-            ]
-        self.guard.accept(p, rate, c.steps)
+        got = bad or decode_checked(  # (only once the header passed)
+            c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard
+        )
+        if isinstance(got, Rejection):
+            return [Event(now, "syncer", got.refused(c.learner, c.fragment)), got.answer()]
+        self.guard.accept(p, got.rate, c.steps)
         if c.step_time > 0:
             self.grace.observe_step(c.step_time)
         weight = token_weight(c.tokens, c.steps) if self.cfg.weighting == "tokens" else 1.0
         self.pending[p][c.learner] = _Pending(
-            theta_m, weight, c, self.version[p] - c.base_version, len(c.payload), now
+            got.theta, weight, c, self.version[p] - c.base_version, len(c.payload), now
         )
         accepted = Accepted(c.learner, p, c.seq, len(c.payload), c.work_s)
-        out: list = [Event(now, "syncer", accepted)]
+        out: list = [Event(now, "syncer", accepted), PushAnswer(True)]
         slow = self.pulled.upload(c.learner, max(now - c.sent_at, 0.0), self.grace)
         if slow is not None:
             out.append(Event(now, "syncer", LinkBottleneck(c.learner, *slow)))
         return out + self._maybe_close(now, p)
-
-    def _held(self, p: int) -> OrderedDict[int, torch.Tensor] | None:
-        return self.history[p] if 0 <= p < self.plan.P else None
-
-    def _version_of(self, p: int) -> int:
-        return self.version[p] if 0 <= p < self.plan.P else -1
 
     def on_progress(self, now: float, msg: Progress) -> list:
         """A learner's step report (`msg.step` steps since it joined, `msg.work_s` their
@@ -272,23 +302,16 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         lid = msg.learner
         if lid not in self.live or (self.cfg.schedule == "pull" and lid not in self.listening):
             return []
-        prev = self.reported.get(lid)
-        k = msg.step - (prev[0] if prev else 0)
-        if k <= 0:
+        measured = self.pulled.measure(msg)
+        if measured is None:
             return []
-        mean = msg.step_time  # the learner's own measure: one step, or its first report
-        work = msg.work_s if math.isfinite(msg.work_s) else (prev[1] if prev else 0.0)
-        if prev is not None and k > 1 and work > prev[1]:
-            mean = (work - prev[1]) / k
-        self.reported[lid] = (msg.step, work)
-        if not 0 < mean <= STEP_TIME_MAX:
-            return []
+        mean, k = measured
         for _ in range(min(k, PROGRESS_STEPS_MAX)):
             self.grace.observe_step(mean)
         self.pulled.observe(lid, mean)
         if self.cfg.schedule == "pull" and self.tick < 0:
             self.tick = 0
-            return [SetTimer(now, ("pull", 0))]
+            return [SetTimer(now, PullTick(0))]
         return []
 
     def _pull(self, now: float, tick: int) -> list:
@@ -298,19 +321,19 @@ class SyncerProtocol(Admission, Delivery, DurableState):
                 out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.listening)]
                 if self._answer_window:
                     at = self.pulled.open(f.index, now, self.grace, self.listening)
-                    out += [SetTimer(at, ("close", f.index, self.round_id[f.index]))]
+                    out += [SetTimer(at, CloseRound(f.index, self.round_id[f.index]))]
         self.tick = tick + 1
-        return out + [SetTimer(now + (self.grace.step.value or 1.0), ("pull", tick + 1))]
+        return out + [SetTimer(now + (self.grace.step.value or 1.0), PullTick(tick + 1))]
 
-    def on_timer(self, now: float, key: tuple) -> list:
-        if key[0] == "pull":
-            return self._pull(now, key[1])
-        _, p, rid = key
-        if rid != self.round_id[p]:
-            return []
-        if not self.pending[p]:
-            return []  # nothing answered in time: the first answer closes the round
-        return self._maybe_close(now, p) if self._answer_window else self._close(now, p)
+    def on_timer(self, now: float, key: TimerKey) -> list:
+        match key:
+            case PullTick(tick):
+                return self._pull(now, tick)
+            case CloseRound(p, rid) if rid == self.round_id[p]:
+                if not self.pending[p]:
+                    return []  # nothing answered in time: the first answer closes the round
+                return self._maybe_close(now, p) if self._answer_window else self._close(now, p)
+        return []
 
     def close_all(self, now: float) -> list:
         """The end of a run (nothing more will arrive): close every open round now."""
@@ -328,8 +351,6 @@ class SyncerProtocol(Admission, Delivery, DurableState):
             self.quorum_at[p] = now
             first = min(x.c.sent_at for x in pend.values())
             self.grace.observe(self.grace.to_quorum, now - first)
-        # every learner that could have sent has: with the pull schedule those that can hear
-        # pulls (a session that never listens, or cannot now, is not waited for)
         if self._answer_window and self.pulled.waiting(p):  # a pull's answers (pacing.py)
             if self.listening <= set(pend) or self.pulled.due(p, now):
                 return self._close(now, p)
@@ -340,7 +361,7 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         window = self.grace.window()
         if everyone or window <= 0 or now >= self.quorum_at[p] + window:
             return self._close(now, p)
-        return [SetTimer(self.quorum_at[p] + window, ("close", p, self.round_id[p]))]
+        return [SetTimer(self.quorum_at[p] + window, CloseRound(p, self.round_id[p]))]
 
     def _close(self, now: float, p: int) -> list:
         pend = self.pending[p]
@@ -357,22 +378,11 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         v = self.version[p] + 1
         included = tuple((i, pend[i].c.seq) for i in ids)
         try:
-            if not bool(torch.isfinite(theta).all()):
-                raise codec.CodecError("the merged value is not finite")
-            if self.cfg.down_codec == "fp32":
-                public = theta.clone()
-                frame = codec.encode(public, "fp32")
-                update = FragmentUpdate(p, v, "full", v - 1, frame, included, now)
-            else:
-                frame = codec.encode(theta - self.public[p], self.cfg.down_codec, self.cfg.group)
-                public = self.public[p] + codec.decode(frame)
-                update = FragmentUpdate(p, v, "delta", v - 1, frame, included, now)
+            update, public = self.delivery.broadcast(p, v, theta, included, now)
         except codec.CodecError as exc:  # never committed: the round is dropped
             return self._drop(now, p, ids, str(exc))
-        self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state
-        self.version[p] = v
+        self.state.commit(p, theta, public, outer_state)
         self.round_weight.committed(p, total)
-        self._remember(p)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
         event = RoundClosed(
             fragment=p,
@@ -392,8 +402,8 @@ class SyncerProtocol(Admission, Delivery, DurableState):
         uploads = [max(pend[i].arrived - pend[i].c.sent_at, 0.0) for i in ids]
         self.grace.observe(self.grace.sync, max(uploads))
         self._reset_round(p)
-        self.rounds_closed += 1
-        return [Send(lid, update) for lid in sorted(self.live)] + [Event(now, "syncer", event)]
+        sends = [Send(lid, update) for lid in sorted(self.live)]
+        return [Commit(p, v), *sends, Event(now, "syncer", event)]
 
     def _reset_round(self, p: int) -> None:
         self.pulled.closed(p)

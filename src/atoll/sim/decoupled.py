@@ -45,6 +45,8 @@ from atoll.core.messages import (
     Outgoing,
     Progress,
     Pull,
+    PullTick,
+    PushAnswer,
     Resumed,
     Send,
     SetTimer,
@@ -54,8 +56,9 @@ from atoll.model.data import ByteCorpus
 from atoll.model.recipe import load_corpus, new_model
 from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
 from atoll.sim.faults import Faults
-from atoll.sim.learner import SimLearner
+from atoll.sim.learner import Answered, SimLearner, nbytes_of
 from atoll.sim.world import (
+    STAT_KEYS,
     EvalPoints,
     FailureSchedule,
     Link,
@@ -64,16 +67,6 @@ from atoll.sim.world import (
     StepClock,
     dp_equivalent_bytes,
 )
-
-
-def _nbytes(msg: object) -> int:
-    if isinstance(msg, Heal):
-        return msg.nbytes
-    if isinstance(msg, FragmentUpdate):
-        return len(msg.payload)
-    if isinstance(msg, Resumed):
-        return sum(len(u.payload) for u in msg.updates)
-    return CONTROL_BYTES
 
 
 class DecoupledSim:
@@ -154,7 +147,7 @@ class DecoupledSim:
                 learner = self.by_id[o.to]
                 if learner.phase is Phase.DOWN:
                     continue
-                nbytes = _nbytes(o.message)
+                nbytes = nbytes_of(o.message)
                 if isinstance(o.message, Heal):
                     self.heal_bytes += nbytes
                 at = learner.down.transfer(now, nbytes)
@@ -240,7 +233,13 @@ class DecoupledSim:
             self.syncer_outputs(now, self.syncer.on_join(now, learner.id))
             return
         learner.inflight.pop(c.seq, None)
-        self.syncer_outputs(now, self.syncer.on_contribution(now, c))
+        outputs = self.syncer.on_contribution(now, c)
+        self.syncer_outputs(now, outputs)
+        for o in outputs:
+            if isinstance(o, PushAnswer) and not o.accepted:  # the reply reaches the learner
+                at = learner.down.transfer(now, CONTROL_BYTES)
+                msg, epoch = Answered(c.fragment, o), self.faults.syncer_epoch
+                self.push(at, "down", learner.id, learner.incarnation, msg, epoch)
 
     def receive(self, now: float, learner: SimLearner, msg: object, epoch: int) -> None:
         proto = learner.proto
@@ -265,6 +264,12 @@ class DecoupledSim:
             return
         if isinstance(msg, Pull):
             self._learner_outputs(now, learner, proto.on_pull(now, msg))
+            return
+        if isinstance(msg, Answered):
+            a = msg.answer
+            self._learner_outputs(
+                now, learner, proto.on_refused(now, msg.fragment, a.reason, a.action)
+            )
             return
         if isinstance(msg, Resumed):  # the syncer restarted: it kept our base versions
             if not proto.healed:
@@ -343,7 +348,7 @@ class DecoupledSim:
         while self.queue:
             now, _, kind, args = heapq.heappop(self.queue)
             if kind == "timer":
-                if args[0][0] == "pull" and all(x.finished for x in self.learners):
+                if isinstance(args[0], PullTick) and all(x.finished for x in self.learners):
                     continue  # the run is over: let the syncer's pull clock stop
                 if args[1] == self.faults.syncer_epoch and not self.faults.syncer_down:
                     self.syncer_outputs(now, self.syncer.on_timer(now, args[0]))
@@ -393,14 +398,6 @@ class DecoupledSim:
             bytes_down=sum(x.down.bytes_sent for x in self.learners),
             bytes_heal=self.heal_bytes,
             dp_bytes=dp_equivalent_bytes(cfg, self.tokens, self.plan.nbytes_fp32()),
-            rounds=stats["rounds"],
-            participants_mean=stats["participants_mean"],
-            participants_hist=stats["participants_hist"],
-            staleness_mean=stats["staleness_mean"],
-            staleness_max=stats["staleness_max"],
-            blocked_s=stats["blocked_s"],
-            down_s=stats["down_s"],
-            lost_work_s=stats["lost_work_s"],
-            failures=stats["failures"],
             curve=self.curve,
+            **{k: stats[k] for k in STAT_KEYS},
         )

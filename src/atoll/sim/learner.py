@@ -10,6 +10,7 @@ import torch
 
 from atoll.core.codec import ContributionEncoder
 from atoll.core.learner import LearnerProtocol, Phase
+from atoll.core.messages import CONTROL_BYTES, FragmentUpdate, Heal, PushAnswer, Resumed
 from atoll.model.train import DataStream
 from atoll.sim.world import FailureSchedule, Link, StepClock, Windows
 
@@ -45,3 +46,23 @@ class SimLearner:
     def finished(self) -> bool:
         """The run no longer waits for it: done, not added yet, or removed."""
         return self.member != "in" or self.proto.phase is Phase.DONE
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The syncer's reply to a learner's contribution of `fragment` (only refusals are
+    delivered: an accepted push needs nothing of the learner)."""
+
+    fragment: int
+    answer: PushAnswer
+
+
+def nbytes_of(msg: object) -> int:
+    """What a syncer message costs on a simulated link."""
+    if isinstance(msg, Heal):
+        return msg.nbytes
+    if isinstance(msg, FragmentUpdate):
+        return len(msg.payload)
+    if isinstance(msg, Resumed):
+        return sum(len(u.payload) for u in msg.updates)
+    return CONTROL_BYTES

@@ -158,6 +158,13 @@ def ring_allreduce_time(nbytes: int, workers: int, bandwidth_bps: float, latency
     )
 
 
+# the run statistics (atoll.metrics.run_stats) a RunResult carries as they are
+STAT_KEYS = (
+    "rounds", "participants_mean", "participants_hist", "staleness_mean", "staleness_max",
+    "blocked_s", "down_s", "lost_work_s", "failures",
+)  # fmt: skip
+
+
 @dataclass
 class RunResult:
     """What one simulated method run reports (see README for every key)."""

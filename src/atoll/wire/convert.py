@@ -15,19 +15,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
+from atoll.core.admission import resume_of
+from atoll.core.budget import BeatAnswer
 from atoll.core.codec import MAX_NUMEL
 from atoll.core.fragments import Fragment, FragmentPlan
 from atoll.core.learner import LearnerConfig
-from atoll.core.messages import Contribution, FragmentUpdate, Progress, Pull, Resume
+from atoll.core.messages import (
+    Contribution,
+    FragmentUpdate,
+    Progress,
+    Pull,
+    PushAnswer,
+    Resume,
+    UpdateKind,
+)
 from atoll.errors import ConfigError
 from atoll.wire import PROTOCOL
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire.chunks import TransferError, crc32
 
 SENT_AT_WINDOW_S = 600.0  # a contribution's send time is taken within this much of arrival
-UPDATE_KINDS = ("full", "delta", "held")
+UPDATE_KINDS = tuple(k.value for k in UpdateKind)
 
 
 class MessageError(TransferError):
@@ -61,7 +71,7 @@ def update_from_header(h: pb.UpdateHeader, payload: bytes) -> FragmentUpdate:
     return FragmentUpdate(
         h.fragment,
         h.version,
-        h.kind,
+        UpdateKind(h.kind),
         h.base_version,
         payload,
         tuple((i.learner, i.seq) for i in h.included),
@@ -243,15 +253,24 @@ def digests_from_hello(h: pb.Hello) -> dict[str, bytes]:
     return dict(d)
 
 
-def resume_from_hello(h: pb.Hello, epoch: str) -> Resume | None:
-    """What a Hello says of the learner's past (None: a fresh learner)."""
-    if not (h.resume or h.epoch):
-        return None
-    return Resume(
-        tuple(h.base_versions),
-        tuple(h.latest_versions),
-        other_epoch=bool(h.epoch) and h.epoch != epoch,
-        keep_progress=h.resume,
+def resume_from_hello(h: pb.Hello, epoch: str, known_epochs: Collection[str]) -> Resume | None:
+    """What a Hello says of the learner's past (None: a fresh learner), to the syncer of
+    `epoch` whose run had `known_epochs` (the core decides: `admission.resume_of`)."""
+    return resume_of(h.base_versions, h.latest_versions, h.epoch, epoch, known_epochs, h.resume)
+
+
+def push_reply(a: PushAnswer) -> pb.PushReply:
+    return pb.PushReply(accepted=a.accepted, reason=a.reason, action=a.action, code=a.code)
+
+
+def beat_reply(epoch: str, known: bool, a: BeatAnswer) -> pb.BeatReply:
+    return pb.BeatReply(
+        epoch=epoch,
+        known=known,
+        stop=a.stop,
+        budget=a.budget,
+        remaining=a.remaining,
+        live=a.live,
     )
 
 

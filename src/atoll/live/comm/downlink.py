@@ -67,7 +67,7 @@ class Downlink:
                     if isinstance(msg, UpdateReceived):  # the training thread gets a tensor
                         if (p := msg.update.fragment) not in link.numel:  # not this session's
                             why = f"an update of fragment {p}, which the session lacks: dropped"
-                            link.events.emit("transfer_error", link.id, error=why)
+                            link.events.emit("transfer_failed", link.id, error=why)
                             continue
                         msg = UpdateReceived(msg.update, self.decode(msg.update))
                     link.sink(msg)
@@ -79,7 +79,7 @@ class Downlink:
                     link.closing.set()
                     break
             except TransferError as exc:
-                link.events.emit("transfer_error", link.id, error=str(exc))
+                link.events.emit("transfer_failed", link.id, error=str(exc))
                 # before any Welcome of this call was usable: the syncer speaks a session this
                 # learner cannot use, which retrying does not change; stop loudly
                 unusable += 0 if link.connected.is_set() else 1

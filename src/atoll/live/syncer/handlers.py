@@ -12,14 +12,13 @@ codec, size, base version) is the core's to check (atoll.core.checks).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 
 import grpc
 
-from atoll.core.events import Event
-from atoll.core.messages import Heal, Refusal, Send
+from atoll.core.events import LimitReached, TransferBroken
+from atoll.core.messages import Heal, PushAnswer, Refusal, Rejection, Send
 from atoll.live.syncer.outbox import Control, Session
 from atoll.live.syncer.runtime import SyncerRuntime
 from atoll.wire import PROTOCOL, convert
@@ -62,10 +61,7 @@ class Handlers(pbg.SyncerServicer):
         with rt.lock:
             if hello.learner not in rt.sessions and len(rt.sessions) >= rt.opts.max_learners:
                 self._over_limit(context, "learners", rt.opts.max_learners, hello.learner)
-            resume = convert.resume_from_hello(hello, rt.epoch)
-            if resume is not None and resume.other_epoch and hello.epoch not in rt.epochs():
-                # an epoch this syncer never had (another run, a bug): nothing to check it by
-                resume = dataclasses.replace(resume, other_epoch=False)
+            resume = convert.resume_from_hello(hello, rt.epoch, rt.epochs())
             listening = rt.can_hear(hello.learner, hello.incarnation)
             digests = convert.digests_from_hello(hello) if resume is None else None
             outs = rt.proto.on_join(
@@ -83,9 +79,7 @@ class Handlers(pbg.SyncerServicer):
             if not heal:  # resumed: what moved on since it last heard, in full
                 for u in msg.updates:
                     sess.put_update(u, rt.proto.coalesce)
-            want = rt.opts.expect_learners
-            if want and not rt.acct.get("start_at") and len(rt.sessions) >= want:
-                rt.acct["start_at"] = now + 0.5
+            rt.joined(now)
         context.add_callback(lambda: rt.lose(hello.learner, sess, "stream ended"))
         w = pb.Welcome()
         w.CopyFrom(self._welcome)
@@ -106,17 +100,16 @@ class Handlers(pbg.SyncerServicer):
     def _over_limit(
         self, context: grpc.ServicerContext, what: str, limit: int, learner: str
     ) -> None:
-        self.rt.record("limit_reached", what=what, limit=limit, learner=learner[:100])
+        self.rt.record(LimitReached(what=what, limit=limit, learner=learner[:100]))
         context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED, f"this syncer takes at most {limit} {what}"
         )
 
     # -- Push ---------------------------------------------------------------------------------
     def _refuse(self, learner: str, fragment: int, code: Refusal, reason: str) -> pb.PushReply:
-        self.rt.record(
-            "refused", learner=learner, fragment=fragment, reason=reason, code=code.value
-        )
-        return pb.PushReply(accepted=False, reason=reason, action=code.action, code=code.value)
+        rejection = Rejection(code, reason)
+        self.rt.record(rejection.refused(learner, fragment))
+        return convert.push_reply(rejection.answer())
 
     def Push(  # noqa: N802
         self, request_iterator: Iterator[pb.Up], context: grpc.ServicerContext
@@ -161,21 +154,16 @@ class Handlers(pbg.SyncerServicer):
         except TransferError as exc:
             return self._refuse(h.learner, h.fragment, Refusal.TRANSFER, str(exc))
         except Exception as exc:  # the stream broke: nothing of it reaches the protocol
-            rt.record("transfer_broken", learner=h.learner, fragment=h.fragment, error=str(exc))
+            rt.record(TransferBroken(learner=h.learner, fragment=h.fragment, error=str(exc)))
             reason = f"transfer broken: {exc}"
-            return pb.PushReply(accepted=False, reason=reason, code=Refusal.TRANSFER.value)
+            return convert.push_reply(Rejection(Refusal.TRANSFER, reason).answer())
         now = time.time()
         c = convert.contribution_from_header(h, payload, now)
         with rt.lock:
             sess.last_seen = now
             outs = rt.proto.on_contribution(now, c)
             rt.process(now, outs)
-        refused = [o.data for o in outs if isinstance(o, Event) and o.kind == "refused"]
-        if refused:
-            r = refused[0]
-            action = Refusal(r.code).action
-            return pb.PushReply(accepted=False, reason=r.reason, action=action, code=r.code)
-        return pb.PushReply(accepted=True)
+        return convert.push_reply(next(o for o in outs if isinstance(o, PushAnswer)))
 
     # -- control ------------------------------------------------------------------------------
     def Heartbeat(self, beat: pb.Beat, context: grpc.ServicerContext) -> pb.BeatReply:  # noqa: N802
@@ -188,14 +176,8 @@ class Handlers(pbg.SyncerServicer):
                 sess.last_seen = now
                 rt.books.beat(beat.learner, beat.incarnation, beat.step, beat.tokens, beat.work_s)
                 rt.process(now, rt.proto.on_progress(now, convert.progress_from_beat(beat, now)))
-            stop = rt.stop_requested
-            budget = rt.opts.token_budget
-            remaining = max(budget - rt.total_tokens(), 0)
-            live = max(len(rt.sessions), 1)
-        return pb.BeatReply(
-            epoch=rt.epoch, known=known, stop=stop, budget=budget > 0, remaining=remaining,
-            live=live,
-        )  # fmt: skip
+            answer = rt.beat_answer()
+        return convert.beat_reply(rt.epoch, known, answer)
 
     def Pulls(self, h: pb.ControlHello, context: grpc.ServicerContext) -> Iterator[pb.ControlDown]:  # noqa: N802
         _check_hello(h, context)

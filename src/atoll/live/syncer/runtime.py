@@ -21,14 +21,29 @@ from typing import Any
 
 import torch
 
-from atoll.core.events import Event
+from atoll.core.budget import BeatAnswer, StartBarrier, TokenBudget
+from atoll.core.events import (
+    Accepted,
+    AuthRefused,
+    DiskFailed,
+    Event,
+    Record,
+    Refused,
+    Restored,
+    SeenCheck,
+    Snapshot,
+    SnapshotFailed,
+    SyncerStopped,
+    ThreadDied,
+    TransferBroken,
+)
 from atoll.core.fragments import FragmentPlan
-from atoll.core.messages import FragmentUpdate, Pull, Send, SetTimer
+from atoll.core.messages import Commit, FragmentUpdate, Pull, Send, SetTimer, TimerKey
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
 from atoll.live.syncer.books import Books, new_accounts
 from atoll.live.syncer.outbox import Control, Session
-from atoll.live.syncer.store import Restored, Tape, commit_record, restore, write_snapshot
+from atoll.live.syncer.store import RestoreResult, Tape, commit_record, restore, write_snapshot
 from atoll.threads import guarded
 
 
@@ -76,7 +91,7 @@ class SyncerRuntime:
         self.epoch = uuid.uuid4().hex[:12]
         self.sessions: dict[str, Session] = {}
         self.controls: dict[str, Control] = {}
-        self.timers: list[tuple[float, int, tuple]] = []
+        self.timers: list[tuple[float, int, TimerKey]] = []
         self._timer_seq = 0
         self._timer_cv = threading.Condition(self.lock)
         self.stopping = threading.Event()
@@ -86,6 +101,10 @@ class SyncerRuntime:
         self.snapshot_path = opts.run_dir / "snapshot.safetensors"
         self.restored = self._restore()
         self.books.started(self.epoch)
+        self.budget = TokenBudget(opts.token_budget)
+        self.barrier = StartBarrier(
+            opts.expect_learners, start_at=self.acct.get("start_at") or None
+        )
         self._prev_snapshot_seq = self.restored.snapshot_seq
         self.tape.open_segment(self.tape.next_seq)
         self._threads: list[threading.Thread] = []
@@ -93,7 +112,7 @@ class SyncerRuntime:
         self._snapshotting = threading.Lock()
 
     # -- durability ---------------------------------------------------------------------------
-    def _restore(self) -> Restored:
+    def _restore(self) -> RestoreResult:
         r = restore(self.proto, self.snapshot_path, self.tape)
         if r.found:
             self.acct.update(r.extra)
@@ -101,15 +120,14 @@ class SyncerRuntime:
             self.acct["lost_committed_rounds"] = (
                 int(self.acct.get("lost_committed_rounds", 0)) + r.lost_committed_rounds
             )
-            self.events.emit(
-                "restored",
-                "syncer",
+            restored = Restored(
                 snapshot_records=r.snapshot_seq,
                 replayed=r.replayed,
                 rounds_closed=self.proto.rounds_closed,
                 versions=list(self.proto.version),
                 lost_committed_rounds=r.lost_committed_rounds,
             )
+            self.events.record("syncer", restored)
         return r
 
     def snapshot(self) -> None:
@@ -127,7 +145,7 @@ class SyncerRuntime:
         write_snapshot(self.snapshot_path, state, seq, extra)
         self.tape.drop_before(self._prev_snapshot_seq)
         self._prev_snapshot_seq = seq
-        self.events.emit("snapshot", "syncer", tape_next=seq, rounds=state["rounds_closed"])
+        self.events.record("syncer", Snapshot(tape_next=seq, rounds=state["rounds_closed"]))
 
     def _tape_call(self, fn: Any) -> Any:
         """A write to the tape; if the disk refuses it (full, read-only, out of descriptors)
@@ -136,23 +154,25 @@ class SyncerRuntime:
         try:
             return fn()
         except OSError as exc:
-            self.fatal("disk_failed", EXIT_DISK, error=str(exc), path=str(self.tape.folder))
+            self.fatal(DiskFailed(error=str(exc), path=str(self.tape.folder)), EXIT_DISK)
 
-    def fatal(self, kind: str, code: int, **data: Any) -> None:
+    def fatal(self, record: Record, code: int) -> None:
         """Write the event (if the disk still takes it), say it on stderr, end the process."""
         import sys
 
-        self.events.emit(kind, "syncer", **data)
-        print(f"atoll syncer: {kind} {data}; exiting with {code}", file=sys.stderr, flush=True)
+        self.events.record("syncer", record)
+        said = f"atoll syncer: {record.KIND} {record.to_dict()}; exiting with {code}"
+        print(said, file=sys.stderr, flush=True)
         self.exit(code)
         raise SystemExit(code)  # `exit` does not return; if a test's does, nothing goes on
 
     # -- protocol outputs ---------------------------------------------------------------------
     def process(self, now: float, outputs: list) -> None:
-        """Handle protocol outputs (lock held): tape first, then events, timers, sends."""
+        """Handle protocol outputs (lock held): every `Commit` to the tape first, then events,
+        timers, sends (a `PushAnswer` is the handler's to send)."""
         for o in outputs:
-            if isinstance(o, Event) and o.kind == "round_closed":
-                rec = commit_record(self.proto, self.tape.next_seq, o.data.fragment, self.acct)
+            if isinstance(o, Commit):
+                rec = commit_record(self.proto, self.tape.next_seq, o.fragment, self.acct)
                 self._tape_call(lambda rec=rec: self.tape.append(rec))
         for o in outputs:
             if isinstance(o, Event):
@@ -171,27 +191,28 @@ class SyncerRuntime:
                 if sess is not None and ctl is not None and ctl.incarnation == sess.incarnation:
                     ctl.put(o.message)
 
-    def record(self, kind: str, **data: Any) -> None:
+    def record(self, record: Record) -> None:
         """An event of the driver's own (a transport refusal, a broken transfer): logged and
         counted as the protocol's events are."""
         now = time.time()
         with self.lock:
-            self.process(now, [Event.make(now, kind, "syncer", **data)])
+            self.process(now, [Event(now, "syncer", record)])
 
     def _account(self, e: Event) -> None:
         a = self.acct
-        if e.kind == "accepted":
-            a["accepted"] += 1
-            a["bytes_in"] += e.data.bytes
-            a["useful_s"] += e.data.work_s
-        elif e.kind == "refused":
-            a["refused"] += 1
-        elif e.kind == "transfer_broken":
-            a["broken_transfers"] += 1
-        elif e.kind == "auth_refused":
-            a["auth_refused"] += e.data.count or 1
-        elif e.kind == "seen_check":
-            a["lost_committed_rounds"] += e.data.lost_committed_rounds
+        match e.data:
+            case Accepted(bytes=nbytes, work_s=work_s):
+                a["accepted"] += 1
+                a["bytes_in"] += nbytes
+                a["useful_s"] += work_s
+            case Refused():
+                a["refused"] += 1
+            case TransferBroken():
+                a["broken_transfers"] += 1
+            case AuthRefused(count=count):
+                a["auth_refused"] += count or 1
+            case SeenCheck(lost_committed_rounds=lost):
+                a["lost_committed_rounds"] += lost
 
     def lose(self, learner: str, sess: Session, why: str) -> None:
         with self.lock:
@@ -223,8 +244,18 @@ class SyncerRuntime:
 
     @property
     def stop_requested(self) -> bool:
-        b = self.opts.token_budget
-        return b > 0 and self.total_tokens() >= b
+        return self.budget.stop_requested(self.total_tokens())
+
+    def beat_answer(self) -> BeatAnswer:
+        """The answer to a heartbeat (lock held): the token budget's state."""
+        return self.budget.answer(self.total_tokens(), len(self.sessions))
+
+    def joined(self, now: float) -> None:
+        """A learner joined (lock held): the run's start time once the expected learners
+        are here."""
+        start = self.barrier.joined(now, len(self.sessions))
+        if start is not None:
+            self.acct["start_at"] = start
 
     def total_tokens(self) -> int:
         return self.books.total_tokens()
@@ -278,7 +309,7 @@ class SyncerRuntime:
             try:
                 self.snapshot()
             except OSError as exc:  # a full disk, no descriptors left: try again next time
-                self.events.emit("snapshot_failed", "syncer", error=str(exc)[:500])
+                self.events.record("syncer", SnapshotFailed(error=str(exc)[:500]))
 
     def start_threads(self) -> None:
         for fn in (self._timer_loop, self._reaper_loop, self._snapshot_loop):
@@ -287,7 +318,7 @@ class SyncerRuntime:
             self._threads.append(t)
 
     def _thread_died(self, name: str, exc: BaseException) -> None:
-        self.fatal("thread_died", EXIT_THREAD_DIED, thread=name, error=repr(exc)[:500])
+        self.fatal(ThreadDied(thread=name, error=repr(exc)[:500]), EXIT_THREAD_DIED)
 
     def close_streams(self) -> None:
         self.stopping.set()
@@ -310,4 +341,4 @@ class SyncerRuntime:
                 params = {k: v.contiguous() for k, v in self.proto.global_params().items()}
             save_file(params, str(final_dir / "final.safetensors"))
         self.tape.close()
-        self.events.emit("syncer_stopped", "syncer", rounds=self.proto.rounds_closed)
+        self.events.record("syncer", SyncerStopped(rounds=self.proto.rounds_closed))

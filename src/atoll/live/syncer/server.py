@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import torch
 
+from atoll.core.events import AuthRefused, SyncerStarted
 from atoll.core.fragments import FragmentPlan
 from atoll.core.learner import LearnerConfig
 from atoll.core.syncer import SyncerConfig
@@ -82,7 +83,7 @@ class SyncerService:
             if now - self._auth_written_at < 1.0:
                 return
             count, self._auth_unwritten, self._auth_written_at = self._auth_unwritten, 0, now
-        self.runtime.record("auth_refused", method=method[:100], reason=reason, count=count)
+        self.runtime.record(AuthRefused(method=method[:100], reason=reason, count=count))
 
     def start(self) -> int:
         _raise_fd_limit()
@@ -103,9 +104,8 @@ class SyncerService:
         self.server.start()
         self.runtime.start_threads()
         rt = self.runtime
-        rt.events.emit(
-            "syncer_started", "syncer", port=self.port, epoch=rt.epoch, restored=rt.restored.found
-        )
+        started = SyncerStarted(port=self.port, epoch=rt.epoch, restored=rt.restored.found)
+        rt.events.record("syncer", started)
         return self.port
 
     def snapshot(self) -> None:
@@ -115,7 +115,7 @@ class SyncerService:
         with self._auth_lock:
             count, self._auth_unwritten = self._auth_unwritten, 0
         if count:
-            self.runtime.record("auth_refused", method="", reason="(not written)", count=count)
+            self.runtime.record(AuthRefused(method="", reason="(not written)", count=count))
         self.runtime.close_streams()
         if self.server is not None:
             self.server.stop(grace=1.0).wait(3.0)

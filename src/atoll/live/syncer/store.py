@@ -11,7 +11,7 @@ state, with JSON metadata (seq, fragment, version, grace EMAs, the driver's acco
 record is written (and flushed to the OS, optionally fsync'ed) *before* the merge is broadcast,
 so whatever a learner has seen is on the tape. A torn last record (a crash during the write)
 fails its length or crc check: restore drops it (it was never broadcast), says so
-(`Restored.torn`) and cuts it off the file, so that the next records follow intact ones.
+(`RestoreResult.torn`) and cuts it off the file, so that the next records follow intact ones.
 
 Snapshot: ``snapshot.safetensors`` written to a temporary file, fsync'ed and renamed (atomic),
 with a crc32 of its JSON metadata and tensors (snapshots without one, of earlier versions, are
@@ -135,7 +135,7 @@ def read_records(path: Path) -> list[tuple[dict[str, torch.Tensor], dict[str, An
 
 
 @dataclass
-class Restored:
+class RestoreResult:
     snapshot_seq: int = 0  # tape records covered by the snapshot
     replayed: int = 0  # tape records replayed on top
     extra: dict[str, Any] = field(default_factory=dict)  # the driver's last accounting
@@ -174,11 +174,11 @@ def write_snapshot(
         os.close(dir_fd)
 
 
-def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> Restored:
+def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> RestoreResult:
     """Load snapshot + tape into `proto` (freshly built from the same plan and config) through
     its `load_state_dict` / `load_fragment_state` only. Everything is read and checked first:
     on a `StoreError` neither `proto` nor any file has changed."""
-    out = Restored()
+    out = RestoreResult()
     plan = proto.plan
     base = None
     versions = list(proto.version)

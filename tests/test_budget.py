@@ -1,0 +1,44 @@
+"""The live syncer's run-level rules (atoll.core.budget): token budget and synchronized start."""
+
+from __future__ import annotations
+
+import pytest
+
+from atoll.core.budget import BeatAnswer, StartBarrier, TokenBudget
+
+
+def test_no_budget_never_stops_and_says_so():
+    b = TokenBudget(0)
+    assert not b.stop_requested(10**12)
+    assert b.answer(10**12, 3) == BeatAnswer(stop=False, budget=False, remaining=0, live=3)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "stop", "remaining"), [(0, False, 1000), (999, False, 1), (1000, True, 0)]
+)
+def test_budget_stops_once_reached_and_counts_what_remains(tokens, stop, remaining):
+    b = TokenBudget(1000)
+    assert b.stop_requested(tokens) is stop
+    assert b.answer(tokens, 2) == BeatAnswer(stop, True, remaining, 2)
+
+
+def test_budget_overshoot_leaves_nothing_and_live_is_at_least_one():
+    a = TokenBudget(1000).answer(1500, 0)
+    assert a == BeatAnswer(stop=True, budget=True, remaining=0, live=1)
+
+
+def test_start_barrier_sets_the_start_once_when_the_expected_learners_are_in():
+    s = StartBarrier(3)
+    assert s.joined(10.0, 1) is None
+    assert s.joined(11.0, 2) is None
+    assert s.joined(12.0, 3) == pytest.approx(12.5)
+    # later joins (a fourth learner, a rejoin after one was lost) keep the start time
+    assert s.joined(20.0, 4) == pytest.approx(12.5)
+    assert s.joined(21.0, 2) == pytest.approx(12.5)
+
+
+def test_start_barrier_off_and_restored():
+    assert StartBarrier(0).joined(5.0, 100) is None
+    assert StartBarrier(2, delay_s=1.0).joined(5.0, 2) == pytest.approx(6.0)
+    # a restarted syncer keeps the start time an earlier process set
+    assert StartBarrier(2, start_at=3.0).joined(50.0, 2) == pytest.approx(3.0)
