@@ -18,6 +18,7 @@ import grpc
 import torch
 
 from atoll.core import codec
+from atoll.core.events import Disconnected, Reconnected, RefusedBySyncer, TransferFailed
 from atoll.core.messages import FragmentUpdate, Heal, Resume
 from atoll.live.learner.messages import (
     CommFailed,
@@ -67,7 +68,7 @@ class Downlink:
                     if isinstance(msg, UpdateReceived):  # the training thread gets a tensor
                         if (p := msg.update.fragment) not in link.numel:  # not this session's
                             why = f"an update of fragment {p}, which the session lacks: dropped"
-                            link.events.emit("transfer_error", link.id, error=why)
+                            link.events.record(link.id, TransferFailed(error=why))
                             continue
                         msg = UpdateReceived(msg.update, self.decode(msg.update))
                     link.sink(msg)
@@ -75,11 +76,11 @@ class Downlink:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
                     link.sink(CommFailed(f"syncer refused us: {exc.details()}"))
-                    link.events.emit("refused_by_syncer", link.id, reason=str(exc.details()))
+                    link.events.record(link.id, RefusedBySyncer(reason=str(exc.details())))
                     link.closing.set()
                     break
             except TransferError as exc:
-                link.events.emit("transfer_error", link.id, error=str(exc))
+                link.events.record(link.id, TransferFailed(error=str(exc)))
                 # before any Welcome of this call was usable: the syncer speaks a session this
                 # learner cannot use, which retrying does not change; stop loudly
                 unusable += 0 if link.connected.is_set() else 1
@@ -96,7 +97,7 @@ class Downlink:
             if link.closing.is_set():
                 break
             link.status()
-            link.events.emit("disconnected", link.id, retry_in_s=round(backoff, 2))
+            link.events.record(link.id, Disconnected(retry_in_s=round(backoff, 2)))
             link.closing.wait(backoff * random.uniform(0.8, 1.2))
             backoff = min(backoff * 2, 2.0)
 
@@ -122,7 +123,7 @@ class Downlink:
         link.connected.set()
         if self._welcomed:
             link.reconnects += 1
-            link.events.emit("reconnected", link.id, heal=w.heal, epoch=w.epoch)
+            link.events.record(link.id, Reconnected(heal=w.heal, epoch=w.epoch))
         self._welcomed = True
         link.joins += 1
         st = link.state

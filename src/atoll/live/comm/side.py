@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from atoll.core.events import ThreadDied
 from atoll.live.comm.control import Control
 from atoll.live.comm.downlink import Downlink
 from atoll.live.comm.link import NO_REPORT, Link
@@ -52,7 +53,7 @@ class Comm:
 
     def _died(self, name: str, exc: BaseException) -> None:
         """A thread of ours raised: the training side is told (it raises `CommError`)."""
-        self.link.events.emit("thread_died", self.link.id, thread=name, error=repr(exc)[:500])
+        self.link.events.record(self.link.id, ThreadDied(thread=name, error=repr(exc)[:500]))
         self.link.sink(CommFailed(f"communication thread {name} died: {exc!r}"[:1000]))
 
     def start(self) -> None:

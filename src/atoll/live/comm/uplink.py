@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from atoll.core.codec import CodecError
+from atoll.core.events import PushFailed
 from atoll.core.learner import supersede
 from atoll.core.messages import Contribution, Outgoing
 from atoll.live.learner.messages import PushRefused
@@ -196,7 +197,7 @@ class Uplink:
                     self._frames(c, bucket), metadata=link.metadata, timeout=timeout
                 )
         except grpc.RpcError as exc:
-            link.events.emit("push_failed", link.id, fragment=c.fragment, error=str(exc.code()))
+            link.events.record(link.id, PushFailed(fragment=c.fragment, error=str(exc.code())))
             link.queue.requeue(item)
             link.closing.wait(0.2)
             return
