@@ -23,7 +23,7 @@ from atoll.core.codec import CodecError
 from atoll.core.events import PushFailed
 from atoll.core.learner import supersede
 from atoll.core.messages import Contribution, Outgoing
-from atoll.live.learner.messages import PushRefused
+from atoll.live.learner.messages import RefusalReceived
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 from atoll.wire.chunks import split
@@ -151,7 +151,7 @@ class Uplink:
         try:
             c = enc.encode(o)
         except CodecError as exc:  # the learner's own values are broken (a diverged model)
-            self.link.sink(PushRefused(o.fragment, f"not sent: {exc}", "heal"))
+            self.link.sink(RefusalReceived(o.fragment, f"not sent: {exc}", "heal"))
             return None
         return None if c is None else Pending(o, c)
 
@@ -207,7 +207,7 @@ class Uplink:
             link.queue.requeue(item)
             link.closing.wait(0.2)
         else:
-            link.sink(PushRefused(c.fragment, reply.reason, reply.action))
+            link.sink(RefusalReceived(c.fragment, reply.reason, reply.action))
 
     def _header(self, c: Contribution) -> pb.ContributionHeader:
         return convert.contribution_header(c, self.link.o.incarnation)

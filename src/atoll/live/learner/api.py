@@ -62,7 +62,7 @@ from atoll.live.learner.messages import (
     FromComm,
     HealReceived,
     PullReceived,
-    PushRefused,
+    RefusalReceived,
     RequestHeal,
     Reset,
     StepState,
@@ -337,7 +337,7 @@ class Learner:
                 self._status(st)
             case HealReceived(heal):
                 self._apply_heal(heal)
-            case PushRefused(fragment, reason, action):
+            case RefusalReceived(fragment, reason, action):
                 self.refused += 1
                 self.events.emit("push_refused", self.id, fragment=fragment, reason=reason)
                 if action == "heal":

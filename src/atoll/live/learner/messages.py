@@ -7,7 +7,7 @@ type (`match`).
 Down (training -> communication): `Start` (first, process mode only), `StepState` (after every
 step boundary), `Reset`, `RequestHeal`, `Finishing`, `BeatOnce`, `Close`.
 Up (communication -> training): `Welcomed`, `HealReceived`, `UpdateReceived`, `PullReceived`,
-`CommStatus`, `PushRefused`, `CommFailed`, `BeatDone`.
+`CommStatus`, `RefusalReceived`, `CommFailed`, `BeatDone`.
 
 Vectors stay out of the pickles where they can: in process mode a contribution's delta (up)
 and a decoded update (down) go through the shared slots (atoll.live.shm) and the message says
@@ -185,8 +185,10 @@ class CommStatus:
 
 
 @dataclass(frozen=True)
-class PushRefused:
-    """The syncer refused a contribution; `action` "heal" asks for a heal."""
+class RefusalReceived:
+    """A contribution refused: by the syncer (its answer), or not sent at all (it did not
+    encode); `action` "heal" asks for a heal. (The event the training side then writes is
+    atoll.core.events.PushRefused.)"""
 
     fragment: int
     reason: str
@@ -208,6 +210,6 @@ class BeatDone:
 
 
 FromComm: TypeAlias = (
-    "Welcomed | HealReceived | UpdateReceived | PullReceived | CommStatus | PushRefused"
+    "Welcomed | HealReceived | UpdateReceived | PullReceived | CommStatus | RefusalReceived"
     " | CommFailed | BeatDone"
 )
