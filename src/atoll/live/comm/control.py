@@ -4,8 +4,9 @@ heartbeats, and with the pull schedule the Pulls stream.
 Heartbeats carry the learner's counters (steps, tokens, step time, step-seconds), which also
 pace the syncer's pull clock; none goes out while the training process is stopped (child
 process mode reads /proc/<pid>/stat), so that a SIGSTOPped learner is declared lost. A reply
-may end the run (`stop`), give the learner its share of the token budget, or say the syncer
-does not know us (or restarted): the Join stream is then reopened.
+may end the run (`stop`), tell the tokens left in the budget and the learners live (passed on
+as given: the training side decides its share), or say the syncer does not know us (or
+restarted): the Join stream is then reopened.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Control:
             if reply.stop:
                 link.status(stop=True)
             elif reply.budget:
-                link.status(share=(st.tokens, reply.remaining / max(reply.live, 1)))
+                link.status(budget=(st.tokens, reply.remaining, reply.live))
             if link.connected.is_set() and (not reply.known or reply.epoch != link.epoch):
                 link.cancel_join()
 

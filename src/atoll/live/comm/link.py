@@ -61,7 +61,7 @@ class Link:
         self.bulk_stub = pbg.SyncerStub(self.bulk)
         self.control_stub = pbg.SyncerStub(self.control)
 
-    def status(self, stop: bool = False, share: tuple[int, float] | None = None) -> None:
+    def status(self, stop: bool = False, budget: tuple[int, int, int] | None = None) -> None:
         """Report the counters to the training side (numbered: reports from different threads
         may overtake each other)."""
         self.status_at = time.monotonic()
@@ -76,7 +76,7 @@ class Link:
                 queued=queued,
                 received=received,
                 stop=stop,
-                share=share,
+                budget=budget,
                 wire=wire,
             )
         )

@@ -307,8 +307,9 @@ class Learner:
     def _status(self, st: CommStatus) -> None:
         if st.stop:
             self._stop = True
-        if st.share is not None:
-            self._share = st.share
+        if st.budget is not None:
+            tokens, remaining, live = st.budget
+            self._share = (tokens, remaining / max(live, 1))
         if st.seq < self._comm_status.seq:
             return  # an older snapshot that overtook a newer one: keep the newer counters
         self._comm_status = st

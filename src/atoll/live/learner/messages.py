@@ -170,8 +170,9 @@ class PullReceived:
 @dataclass(frozen=True)
 class CommStatus:
     """The communication side's counters. Numbered (`seq`): snapshots from different threads
-    may overtake each other. `stop`: the syncer says the run is over; `share`: (tokens at the
-    heartbeat, this learner's share of the remaining token budget)."""
+    may overtake each other. `stop`: the syncer says the run is over; `budget`: the syncer's
+    answer about the token budget, as it gave it: (this learner's tokens at that heartbeat,
+    tokens remaining, learners live); the training side decides what share is its own."""
 
     seq: int = 0
     connected: bool = False
@@ -180,7 +181,7 @@ class CommStatus:
     queued: int = 0
     received: int = 0  # submits handed over so far (the training side compares its count)
     stop: bool = False
-    share: tuple[int, float] | None = None
+    budget: tuple[int, int, int] | None = None
     wire: tuple[int, int] | None = None  # bytes out, in on the wire (comm.wire), if measured
 
 
