@@ -2,6 +2,7 @@
 
 - side.py      `Comm`: the four threads below, composed; the training side's messages in
 - session.py   what they share: the session (newest Welcome), step reports, flags
+- part.py      what every thread is given (options, session, channels, flags, reports)
 - channels.py  the bulk and control gRPC channels and their open calls
 - status.py    messages and status reports to the training side
 - sendqueue.py contributions waiting to go up, newest per fragment

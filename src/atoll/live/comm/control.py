@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
 from atoll.core.messages import Progress
-from atoll.live.comm.channels import Channels
-from atoll.live.comm.faults import LinkFaults
-from atoll.live.comm.session import Flags, Session, StepReports
-from atoll.live.comm.status import StatusReporter
-from atoll.live.learner.messages import FINAL_BEAT_S, CommOptions, PullReceived, StepState
+from atoll.live.comm.part import Part
+from atoll.live.comm.session import StepReports
+from atoll.live.learner.messages import FINAL_BEAT_S, PullReceived, StepState
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 
@@ -36,28 +35,13 @@ def process_stopped(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
 
 
-class Control:
+@dataclass(eq=False)
+class Control(Part):
     """The beat and ctl threads, on the control channel."""
 
-    def __init__(
-        self,
-        opts: CommOptions,
-        session: Session,
-        channels: Channels,
-        flags: Flags,
-        steps: StepReports,
-        reporter: StatusReporter,
-        faults: LinkFaults,
-    ) -> None:
-        self.o = opts
-        self.id = opts.learner_id
-        self.session = session
-        self.channels = channels
-        self.flags = flags
-        self.steps = steps
-        self.reporter = reporter
-        self.faults = faults
-        self._last = (0, 0.0)  # (steps, work_s) of the previous heartbeat
+    steps: StepReports
+    # (steps, work_s) of the previous heartbeat
+    _last: tuple[int, float] = field(default=(0, 0.0), init=False)
 
     # -- heartbeats ---------------------------------------------------------------------------
     def beat(self, st: StepState) -> pb.Beat:

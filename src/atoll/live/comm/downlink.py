@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -21,13 +22,10 @@ from atoll.core import codec
 from atoll.core.events import Disconnected, Reconnected, RefusedBySyncer, TransferFailed
 from atoll.core.messages import FragmentUpdate, Heal, Resume
 from atoll.eventlog import EventLog
-from atoll.live.comm.channels import Channels
-from atoll.live.comm.faults import LinkFaults
-from atoll.live.comm.session import Flags, Session, StepReports
-from atoll.live.comm.status import StatusReporter
+from atoll.live.comm.part import Part
+from atoll.live.comm.session import StepReports
 from atoll.live.learner.messages import (
     CommFailed,
-    CommOptions,
     FromComm,
     HealReceived,
     UpdateReceived,
@@ -40,30 +38,13 @@ from atoll.wire.chunks import Assembler, TransferError
 UNUSABLE_WELCOMES = 5  # unusable Welcomes in a row before the learner stops (it raises)
 
 
-class Downlink:
+@dataclass(eq=False)
+class Downlink(Part):
     """The down thread: the Join stream, reopened with backoff until closing."""
 
-    def __init__(
-        self,
-        opts: CommOptions,
-        session: Session,
-        channels: Channels,
-        flags: Flags,
-        steps: StepReports,
-        reporter: StatusReporter,
-        faults: LinkFaults,
-        events: EventLog,
-    ) -> None:
-        self.o = opts
-        self.id = opts.learner_id
-        self.session = session
-        self.channels = channels
-        self.flags = flags
-        self.steps = steps
-        self.reporter = reporter
-        self.faults = faults
-        self.events = events
-        self._welcomed = False
+    steps: StepReports
+    events: EventLog
+    _welcomed: bool = field(default=False, init=False)
 
     def hello(self) -> pb.Hello:
         force = self.channels.take_heal_request()

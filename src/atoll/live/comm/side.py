@@ -1,5 +1,6 @@
 """`Comm`: a learner's communication side, its four threads composed from the parts they
-share, each thread given only the parts it uses:
+share; each thread is given the options and the parts below that every thread uses
+(part.py), and the few others it uses:
 
   - `Session` (session.py): what the syncer's newest Welcome said; `StepReports`: the training
     side's newest step state; `Flags`: connected, closing;
@@ -62,10 +63,11 @@ class Comm:
             sink, self.queue, self.flags.connected, opts.address, opts.status_interval_s
         )
         self.channels = Channels(opts)
-        s, ch, f, r = self.session, self.channels, self.flags, self.reporter
-        self.down = Downlink(opts, s, ch, f, self.steps, r, self.faults, self.events)
-        self.up = Uplink(opts, self.queue, s, ch, f, r, self.faults, self.events)
-        self.control = Control(opts, s, ch, f, self.steps, r, self.faults)
+        # what every thread is given (atoll.live.comm.part), then the parts it adds
+        common = (opts, self.session, self.channels, self.flags, self.reporter, self.faults)
+        self.down = Downlink(*common, self.steps, self.events)
+        self.up = Uplink(*common, self.queue, self.events)
+        self.control = Control(*common, self.steps)
         self._threads = [
             guarded(f"atoll-{name}", fn, self._died)
             for name, fn in (

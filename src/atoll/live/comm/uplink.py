@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -20,12 +21,9 @@ from atoll.core.codec import CodecError
 from atoll.core.events import PushFailed
 from atoll.core.messages import Contribution
 from atoll.eventlog import EventLog
-from atoll.live.comm.channels import Channels
-from atoll.live.comm.faults import LinkFaults
+from atoll.live.comm.part import Part
 from atoll.live.comm.sendqueue import Pending, SendQueue
-from atoll.live.comm.session import Flags, Session
-from atoll.live.comm.status import StatusReporter
-from atoll.live.learner.messages import CommOptions, RefusalReceived
+from atoll.live.learner.messages import RefusalReceived
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 from atoll.wire.chunks import split
@@ -55,29 +53,17 @@ class TokenBucket:
         return wait
 
 
-class Uplink:
+@dataclass(eq=False)
+class Uplink(Part):
     """The up thread: takes contributions from the queue, encodes and sends them."""
 
-    def __init__(
-        self,
-        opts: CommOptions,
-        queue: SendQueue,
-        session: Session,
-        channels: Channels,
-        flags: Flags,
-        reporter: StatusReporter,
-        faults: LinkFaults,
-        events: EventLog,
-    ) -> None:
-        self.o = opts
-        self.queue = queue
-        self.session = session
-        self.channels = channels
-        self.flags = flags
-        self.reporter = reporter
-        self.faults = faults
-        self.events = events
-        self.bucket = TokenBucket(opts.shape_mbps * 1e6) if opts.shape_mbps > 0 else None
+    queue: SendQueue
+    events: EventLog
+    bucket: TokenBucket | None = field(init=False)  # shaping asked for (`shape_mbps`)
+
+    def __post_init__(self) -> None:
+        mbps = self.o.shape_mbps
+        self.bucket = TokenBucket(mbps * 1e6) if mbps > 0 else None
 
     def encode(self, item: Pending) -> Pending | None:
         """Quantize + compress (None if a heal made it obsolete, or no Welcome set the codec)."""
