@@ -32,6 +32,7 @@ def _emits():
                 and node.func.attr == "emit"  # by kind name (deprecated: EventLog.emit)
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
+                and not (len(node.args) > 1 and isinstance(node.args[1], ast.Call))  # typed
             ):
                 yield *where, node.args[0].value, node.keywords
             elif isinstance(node.func, ast.Name) and node.func.id in typed:  # a typed record

@@ -25,12 +25,12 @@ from atoll.live.learner.messages import (
     CommStatus,
     HealReceived,
     PullReceived,
+    RefusalReceived,
     RequestHeal,
     Submit,
     UpdateReceived,
     Welcomed,
 )
-from atoll.live.learner.messages import PushRefused as RefusalReceived
 from atoll.model.recipe import new_model
 from atoll.sim.decoupled import DecoupledSim
 from atoll.wire import convert

@@ -192,14 +192,14 @@ def test_comm_side_encodes_in_send_order_and_drops_obsolete_contributions():
     newer send of a fragment supersedes a queued one and carries its work."""
     from atoll.core.messages import Outgoing
     from atoll.live.comm import Comm, CommOptions
-    from atoll.live.comm.uplink import Pending
+    from atoll.live.comm.sendqueue import Pending
     from atoll.live.learner.messages import Reset, StepState, Submit
 
     torch.manual_seed(0)
     xs = [torch.randn(300) for _ in range(4)]
     ref = codec.ErrorFeedback("int4", 64, True)
     comm = Comm(CommOptions("127.0.0.1:1", "T0", "inc", "run", "secret-123"), [].append)
-    comm.link.encoder = codec.ContributionEncoder("int4", 64, True)
+    comm.session.encoder = codec.ContributionEncoder("int4", 64, True)
 
     def out(p: int, x: torch.Tensor, generation: int = 0) -> Outgoing:
         return Outgoing("T0", p, 1, 0, 1, 1, 0.0, 0.0, 0.5, generation, x)
@@ -217,10 +217,10 @@ def test_comm_side_encodes_in_send_order_and_drops_obsolete_contributions():
     for i in (0, 1):
         sub = (Submit(out(3, xs[i], generation=1)),)
         comm.command(StepState(i + 1, 64 * (i + 1), 0.5 * (i + 1), 0.5, (0,), (0,), sub))
-    item = comm.link.queue.take()
+    item = comm.queue.take()
     assert item.outgoing.delta is xs[1] and item.outgoing.work_s == 1.0
-    assert comm.link.queue.counts()[:2] == (1, 2)  # one in flight, two handed over
-    comm.link.close_channels()
+    assert comm.queue.counts()[:2] == (1, 2)  # one in flight, two handed over
+    comm.channels.close()
 
 
 def test_run_directory_of_the_earlier_layout_still_restores(tmp_path):

@@ -36,8 +36,18 @@ from typing import Any
 
 from atoll import chaos
 from atoll.config import LiveConfig, SimConfig, to_args
+from atoll.core.events import (
+    Chaos,
+    Crashed,
+    Restarted,
+    RestoreFailed,
+    RunEnded,
+    RunStarted,
+    Started,
+    Timeout,
+)
 from atoll.errors import EXIT_STORE, RunError, restore_hint
-from atoll.eventlog import EventLog, read_events
+from atoll.eventlog import EventLog, load_events, read_events
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
 
@@ -160,9 +170,8 @@ class Launcher:
         else:
             proc.popen = self._popen(proc.name, proc.argv)
         proc.down_until = None
-        self.events.emit(
-            "restarted" if restart else "started", "launcher", process=proc.name, pid=proc.popen.pid
-        )
+        kind = Restarted if restart else Started
+        self.events.record("launcher", kind(process=proc.name, pid=proc.popen.pid))
 
     def _cache_corpus(self) -> None:
         """Read the corpus once; (re)started learners load these bytes instead of the files."""
@@ -200,7 +209,7 @@ class Launcher:
 
     def run(self) -> dict[str, Any]:
         start = time.time()
-        self.events.emit("run_started", "launcher", run_id=self.run_id, address=self.address)
+        self.events.record("launcher", RunStarted(run_id=self.run_id, address=self.address))
         self._cache_corpus()
         self.procs["syncer"] = _Proc("syncer", self._argv("syncer"))
         self._spawn(self.procs["syncer"])
@@ -238,7 +247,7 @@ class Launcher:
                     break  # (a syncer that is down is restarted first: it writes the result)
                 if now - start > self.lcfg.max_wall_s:
                     self._say(f"max_wall_s={self.lcfg.max_wall_s} reached, stopping")
-                    self.events.emit("timeout", "launcher", max_wall_s=self.lcfg.max_wall_s)
+                    self.events.record("launcher", Timeout(max_wall_s=self.lcfg.max_wall_s))
                     break
                 time.sleep(0.05)
         except KeyboardInterrupt:
@@ -249,7 +258,7 @@ class Launcher:
         finally:
             self._shutdown()
         end = time.time()
-        self.events.emit("run_ended", "launcher", interrupted=interrupted)
+        self.events.record("launcher", RunEnded(interrupted=interrupted))
         if interrupted:
             raise KeyboardInterrupt
         if failed is not None:
@@ -263,11 +272,11 @@ class Launcher:
     def _syncer_failed(self, rc: int) -> RunError:
         """The end of a run whose syncer exited with `rc` and cannot be restarted: why (for
         EXIT_STORE, its `restore_failed` event) and what to do."""
-        self.events.emit("crashed", "launcher", process="syncer", rc=rc)
+        self.events.record("launcher", Crashed(process="syncer", rc=rc))
         if rc != EXIT_STORE:
             return RunError(f"the syncer exited (code {rc}) before it answered: see syncer.log")
-        why = [e["data"]["error"] for e in read_events(self.run_dir / "events.jsonl")
-               if e["kind"] == "restore_failed"]  # fmt: skip
+        events = load_events(self.run_dir / "events.jsonl")
+        why = [e.data.error for e in events if isinstance(e.data, RestoreFailed)]
         return RunError(restore_hint(self.run_dir, why[-1] if why else "see syncer.log"))
 
     def _syncer_up(self) -> bool:
@@ -308,7 +317,7 @@ class Launcher:
                     factor=f.factor,
                     base_mbps=base or self.scfg.bandwidth_mbps,
                 )
-        self.events.emit("chaos", "launcher", action=f.kind, process=target, duration_s=f.duration)
+        self.events.record("launcher", Chaos(action=f.kind, process=target, duration_s=f.duration))
         self._say(f"chaos: {f.kind} {target} for {f.duration:.1f} s")
 
     def _supervise(self, now: float) -> None:
@@ -327,7 +336,7 @@ class Launcher:
             if rc == EXIT_STORE and proc.name == "syncer":  # restarting it cannot help
                 raise self._syncer_failed(rc)
             if proc.down_until is None:  # died on its own: restart after the usual delay
-                self.events.emit("crashed", "launcher", process=proc.name, rc=rc)
+                self.events.record("launcher", Crashed(process=proc.name, rc=rc))
                 proc.down_until = now + self.lcfg.restart_delay_s
             if now >= proc.down_until:
                 self._spawn(proc, restart=True)

@@ -10,6 +10,16 @@ from typing import Any
 
 from atoll import metrics
 from atoll.config import LiveConfig, SimConfig
+from atoll.core.events import (
+    Accepted,
+    Chaos,
+    Crashed,
+    Event,
+    LinkBottleneck,
+    Step,
+    ThreadDied,
+    Training,
+)
 from atoll.eventlog import load_events
 
 
@@ -25,12 +35,12 @@ def evaluate(run_dir: Path, scfg: SimConfig) -> float:
     return Evaluator(scfg, load_corpus(scfg))(load_file(str(path)))
 
 
-def wire_bytes(events: list) -> dict[str, int | None]:
+def wire_bytes(events: list[Event]) -> dict[str, int | None]:
     """Bytes on the wire up and down, summed over every learner incarnation's last report."""
     last: dict[tuple, tuple[int, int]] = {}
     for e in events:
-        if e.kind == "step" and e.data.wire_up is not None:
-            last[(e.source, e.data.incarnation)] = (e.data.wire_up, e.data.wire_down or 0)
+        if isinstance(d := e.data, Step) and d.wire_up is not None:
+            last[(e.source, d.incarnation)] = (d.wire_up, d.wire_down or 0)
     if not last:
         return {"wire_up": None, "wire_down": None}
     return {
@@ -52,18 +62,18 @@ def summarize(
     # the training window: the first step to the last contribution the syncer took (what
     # follows - learners closing, the final snapshot and model, processes exiting - is the
     # run's teardown, not time any learner could have trained in)
-    training = [e.t for e in events if e.kind == "training"]
+    training = [e.t for e in events if isinstance(e.data, Training)]
     train_start = min(training) if training else start
-    accepted = [e.t for e in events if e.kind == "accepted"]
+    accepted = [e.t for e in events if isinstance(e.data, Accepted)]
     window = max((max(accepted) if accepted else end) - train_start, 1e-9)
     M = scfg.learners
     stats = metrics.run_stats(events, M, window)
     plan, _ = builtin_plan(scfg)
     dp_steps = tokens / (M * scfg.batch * scfg.context)
     rejoins, down = metrics.rejoin_times(events)
-    chaos = [e.data for e in events if e.kind == "chaos"]
+    chaos = [e.data for e in events if isinstance(e.data, Chaos)]
     slow_links = {
-        e.data.learner: round(e.data.upload_s, 3) for e in events if e.kind == "link_bottleneck"
+        d.learner: round(d.upload_s, 3) for e in events if isinstance(d := e.data, LinkBottleneck)
     }
     return {
         "name": "live",
@@ -92,8 +102,8 @@ def summarize(
         "rejoin_times_s": rejoins,
         # processes that died on their own (a learner whose communication side or a thread
         # died exits non-zero: counted here and restarted), and the threads that died
-        "crashes": sum(1 for e in events if e.kind == "crashed"),
-        "threads_died": sum(1 for e in events if e.kind == "thread_died"),
+        "crashes": sum(1 for e in events if isinstance(e.data, Crashed)),
+        "threads_died": sum(1 for e in events if isinstance(e.data, ThreadDied)),
         "lost_committed_rounds": int(acct.get("lost_committed_rounds", 0)),
         "refused": int(acct.get("refused", 0)),
         "auth_refused": int(acct.get("auth_refused", 0)),

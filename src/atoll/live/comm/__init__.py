@@ -1,9 +1,13 @@
 """A learner's communication with the syncer: gRPC streams, encoding, heartbeats, reconnects.
 
 - side.py      `Comm`: the four threads below, composed; the training side's messages in
-- link.py      what they share: channels, the session (newest Welcome), status reports
+- session.py   what they share: the session (newest Welcome), step reports, flags
+- part.py      what every thread is given (options, session, channels, flags, reports)
+- channels.py  the bulk and control gRPC channels and their open calls
+- status.py    messages and status reports to the training side
+- sendqueue.py contributions waiting to go up, newest per fragment
 - downlink.py  the Join stream: welcome, heal, updates (reassembled, crc-checked, decoded)
-- uplink.py    the send queue, encoding with error feedback, PushOne / Push, shaping
+- uplink.py    encoding with error feedback, PushOne / Push, shaping
 - control.py   heartbeats and the Pulls stream, on the control channel
 - child.py     the child-process entry (`python -m atoll.live.comm.child`)
 

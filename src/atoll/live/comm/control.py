@@ -4,26 +4,26 @@ heartbeats, and with the pull schedule the Pulls stream.
 Heartbeats carry the learner's counters (steps, tokens, step time, step-seconds), which also
 pace the syncer's pull clock; none goes out while the training process is stopped (child
 process mode reads /proc/<pid>/stat), so that a SIGSTOPped learner is declared lost. A reply
-may end the run (`stop`), give the learner its share of the token budget, or say the syncer
-does not know us (or restarted): the Join stream is then reopened.
+may end the run (`stop`), tell the tokens left in the budget and the learners live (passed on
+as given: the training side decides its share), or say the syncer does not know us (or
+restarted): the Join stream is then reopened.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 
 from atoll.core.messages import Progress
+from atoll.live.comm.part import Part
+from atoll.live.comm.session import StepReports
 from atoll.live.learner.messages import FINAL_BEAT_S, PullReceived, StepState
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
-
-if TYPE_CHECKING:
-    from atoll.live.comm.link import Link
 
 
 def process_stopped(pid: int) -> bool:
@@ -35,10 +35,13 @@ def process_stopped(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
 
 
-class Control:
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self._last = (0, 0.0)  # (steps, work_s) of the previous heartbeat
+@dataclass(eq=False)
+class Control(Part):
+    """The beat and ctl threads, on the control channel."""
+
+    steps: StepReports
+    # (steps, work_s) of the previous heartbeat
+    _last: tuple[int, float] = field(default=(0, 0.0), init=False)
 
     # -- heartbeats ---------------------------------------------------------------------------
     def beat(self, st: StepState) -> pb.Beat:
@@ -47,60 +50,60 @@ class Control:
         k, work = st.steps - self._last[0], st.work_s - self._last[1]
         step_time = work / k if k > 0 and self._last[0] > 0 and work > 0 else st.step_time
         self._last = (st.steps, st.work_s)
-        p = Progress(self.link.id, st.steps, step_time, time.time(), st.work_s)
-        return convert.beat(self.link.id, self.link.o.incarnation, st.tokens, p)
+        p = Progress(self.id, st.steps, step_time, time.time(), st.work_s)
+        return convert.beat(self.id, self.o.incarnation, st.tokens, p)
 
     def beat_once(self, within_s: float = FINAL_BEAT_S) -> bool:
         """Report the final counters (tokens, step-seconds) synchronously, until the syncer
         has counted them (its reply knows this session) or `within_s` has passed. The call
         waits for a channel that is still reconnecting (a syncer just back from a restart):
         failing fast there lost a finished learner's last steps from the run's books."""
-        link = self.link
-        st = link.state
+        ch = self.channels
+        st = self.steps.state
         if st is None:
             return False
         until = time.time() + within_s
         beat = self.beat(st)
         while (left := until - time.time()) > 0:
             try:
-                reply = link.control_stub.Heartbeat(
-                    beat, metadata=link.metadata, timeout=left, wait_for_ready=True
+                reply = ch.control_stub.Heartbeat(
+                    beat, metadata=ch.metadata, timeout=left, wait_for_ready=True
                 )
             except grpc.RpcError:
                 reply = None
             if reply is not None and reply.known:
                 return True
-            if link.closing.wait(min(0.1, max(until - time.time(), 0))):
+            if self.flags.closing.wait(min(0.1, max(until - time.time(), 0))):
                 break
         return False
 
     def run_beats(self) -> None:
         """The beat thread."""
-        link = self.link
-        while not link.closing.is_set():
-            if link.beat_now.wait(link.o.heartbeat_s):
-                link.beat_now.clear()
-            if link.closing.is_set():
+        ch, flags, steps, o = self.channels, self.flags, self.steps, self.o
+        while not flags.closing.is_set():
+            if steps.beat_now.wait(o.heartbeat_s):
+                steps.beat_now.clear()
+            if flags.closing.is_set():
                 return
-            st = link.state
-            if st is None or (link.o.parent_pid and process_stopped(link.o.parent_pid)):
+            st = steps.state
+            if st is None or (o.parent_pid and process_stopped(o.parent_pid)):
                 continue  # a stopped training process is not alive, whatever this side does
-            if link.faults.cut():
+            if self.faults.cut():
                 continue  # chaos: the link carries nothing
             try:
-                reply = link.control_stub.Heartbeat(
+                reply = ch.control_stub.Heartbeat(
                     self.beat(st),
-                    metadata=link.metadata,
-                    timeout=max(2.0, 4 * link.o.heartbeat_s),
+                    metadata=ch.metadata,
+                    timeout=max(2.0, 4 * o.heartbeat_s),
                 )
             except grpc.RpcError:
                 continue
             if reply.stop:
-                link.status(stop=True)
+                self.reporter(stop=True)
             elif reply.budget:
-                link.status(share=(st.tokens, reply.remaining / max(reply.live, 1)))
-            if link.connected.is_set() and (not reply.known or reply.epoch != link.epoch):
-                link.cancel_join()
+                self.reporter(budget=(st.tokens, reply.remaining, reply.live))
+            if flags.connected.is_set() and (not reply.known or reply.epoch != self.session.epoch):
+                ch.cancel_join()
 
     # -- the Pulls stream (pull schedule) -----------------------------------------------------
     def run_pulls(self) -> None:
@@ -108,36 +111,34 @@ class Control:
         each pull to the training side (handled there at the next step boundary). The stream
         is read by this thread itself (single-threaded unary-stream channel option): no extra
         wake-ups."""
-        link = self.link
+        ch, flags, session = self.channels, self.flags, self.session
         backoff = 0.2
-        while not link.closing.is_set():
-            if link.schedule != "pull":
-                link.closing.wait(0.2)  # push: no Pulls stream (the schedule may change on rejoin)
+        while not flags.closing.is_set():
+            if session.schedule != "pull":
+                flags.closing.wait(0.2)  # push: no Pulls stream (the schedule may change on rejoin)
                 continue
-            if not link.connected.wait(0.2):
+            if not flags.connected.wait(0.2):
                 continue
-            joins = link.joins
-            hello = convert.control_hello(link.id, link.o.incarnation)
-            call = link.control_stub.Pulls(hello, metadata=link.metadata)
-            with link.lock:
-                link.ctl_call = call
+            joins = session.joins
+            hello = convert.control_hello(self.id, self.o.incarnation)
+            call = ch.control_stub.Pulls(hello, metadata=ch.metadata)
+            ch.set_pulls(call)
             try:
                 for msg in call:
                     if backoff > 0:  # the first message: the syncer registered the stream
                         backoff = 0.0
-                        link.beat_now.set()  # report our steps now: it can pull us
-                    link.faults.wait_while_cut(link.closing)
+                        self.steps.beat_now.set()  # report our steps now: it can pull us
+                    self.faults.wait_while_cut(flags.closing)
                     now = time.time()
                     for pull in convert.pulls_from_message(msg):
-                        link.sink(PullReceived(pull, now))
+                        self.reporter.send(PullReceived(pull, now))
             except grpc.RpcError:
                 pass
             finally:
-                with link.lock:
-                    link.ctl_call = None
-            if link.joins != joins:  # the Join stream reconnected meanwhile: reopen at once
+                ch.set_pulls(None)
+            if session.joins != joins:  # the Join stream reconnected meanwhile: reopen at once
                 backoff = 0.2
                 continue
             backoff = min(max(backoff, 0.1) * 2, 2.0)
-            if link.closing.wait(backoff * random.uniform(0.8, 1.2)):
+            if flags.closing.wait(backoff * random.uniform(0.8, 1.2)):
                 break

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import torch
 
 from atoll.core import codec
+from atoll.core.events import Disconnected, Reconnected, RefusedBySyncer, TransferFailed
 from atoll.core.messages import FragmentUpdate, Heal, Resume
+from atoll.eventlog import EventLog
+from atoll.live.comm.part import Part
+from atoll.live.comm.session import StepReports
 from atoll.live.learner.messages import (
     CommFailed,
     FromComm,
@@ -30,104 +35,90 @@ from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 from atoll.wire.chunks import Assembler, TransferError
 
-if TYPE_CHECKING:
-    from atoll.live.comm.link import Link
-
-
 UNUSABLE_WELCOMES = 5  # unusable Welcomes in a row before the learner stops (it raises)
 
 
-class Downlink:
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self._welcomed = False
+@dataclass(eq=False)
+class Downlink(Part):
+    """The down thread: the Join stream, reopened with backoff until closing."""
+
+    steps: StepReports
+    events: EventLog
+    _welcomed: bool = field(default=False, init=False)
 
     def hello(self) -> pb.Hello:
-        link = self.link
-        with link.lock:
-            force, link.force_heal = link.force_heal, False
-        st = link.state
+        force = self.channels.take_heal_request()
+        st = self.steps.state
         if st is None:  # nothing trained yet: a fresh learner, its parameters as they started
-            return convert.hello(link.id, link.o.incarnation, None, digests=dict(link.o.digests))
+            return convert.hello(self.id, self.o.incarnation, None, digests=dict(self.o.digests))
         past = Resume(tuple(st.base_versions), tuple(st.latest_versions), keep_progress=not force)
-        return convert.hello(link.id, link.o.incarnation, past, link.epoch)
+        return convert.hello(self.id, self.o.incarnation, past, self.session.epoch)
 
     def run(self) -> None:
         """The down thread."""
-        link = self.link
+        ch, flags, events, say = self.channels, self.flags, self.events, self.reporter.send
         backoff, unusable = 0.2, 0
-        while not link.closing.is_set():
-            call = link.bulk_stub.Join(self.hello(), metadata=link.metadata)
-            with link.lock:
-                link.join_call = call
+        while not flags.closing.is_set():
+            call = ch.bulk_stub.Join(self.hello(), metadata=ch.metadata)
+            ch.set_join(call)
             try:
                 for msg in self.reassemble(call):
-                    link.faults.wait_while_cut(link.closing)
+                    self.faults.wait_while_cut(flags.closing)
                     backoff = 0.2
                     if isinstance(msg, UpdateReceived):  # the training thread gets a tensor
-                        if (p := msg.update.fragment) not in link.numel:  # not this session's
+                        if (p := msg.update.fragment) not in self.session.numel:  # not ours
                             why = f"an update of fragment {p}, which the session lacks: dropped"
-                            link.events.emit("transfer_failed", link.id, error=why)
+                            events.record(self.id, TransferFailed(error=why))
                             continue
                         msg = UpdateReceived(msg.update, self.decode(msg.update))
-                    link.sink(msg)
+                    say(msg)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
-                    link.sink(CommFailed(f"syncer refused us: {exc.details()}"))
-                    link.events.emit("refused_by_syncer", link.id, reason=str(exc.details()))
-                    link.closing.set()
+                    say(CommFailed(f"syncer refused us: {exc.details()}"))
+                    events.record(self.id, RefusedBySyncer(reason=str(exc.details())))
+                    flags.closing.set()
                     break
             except TransferError as exc:
-                link.events.emit("transfer_failed", link.id, error=str(exc))
+                events.record(self.id, TransferFailed(error=str(exc)))
                 # before any Welcome of this call was usable: the syncer speaks a session this
                 # learner cannot use, which retrying does not change; stop loudly
-                unusable += 0 if link.connected.is_set() else 1
+                unusable += 0 if flags.connected.is_set() else 1
                 if unusable >= UNUSABLE_WELCOMES:
-                    link.sink(CommFailed(f"the syncer's Welcome cannot be used: {exc}"))
-                    link.closing.set()
+                    say(CommFailed(f"the syncer's Welcome cannot be used: {exc}"))
+                    flags.closing.set()
                     break
             finally:
-                if link.connected.is_set():  # this call's Welcome was usable
+                if flags.connected.is_set():  # this call's Welcome was usable
                     unusable = 0
-                link.connected.clear()
-                with link.lock:
-                    link.join_call = None
-            if link.closing.is_set():
+                flags.connected.clear()
+                ch.set_join(None)
+            if flags.closing.is_set():
                 break
-            link.status()
-            link.events.emit("disconnected", link.id, retry_in_s=round(backoff, 2))
-            link.closing.wait(backoff * random.uniform(0.8, 1.2))
+            self.reporter()
+            events.record(self.id, Disconnected(retry_in_s=round(backoff, 2)))
+            flags.closing.wait(backoff * random.uniform(0.8, 1.2))
             backoff = min(backoff * 2, 2.0)
 
     def decode(self, u: FragmentUpdate) -> torch.Tensor | None:
         """An update's payload as a flat float32 tensor; None when it does not decode (the
         training thread then decodes it again and handles the error as before)."""
         try:
-            return codec.decode(u.payload, self.link.numel[u.fragment])
+            return codec.decode(u.payload, self.session.numel[u.fragment])
         except ValueError:
             return None
 
     def _on_welcome(self, w: pb.Welcome) -> Welcomed:
         """A (re)join: the session's settings, and the Welcome for the training side."""
-        link = self.link
-        link.epoch = w.epoch
-        link.chunk_bytes = w.chunk_bytes or link.chunk_bytes
-        link.max_bytes = w.max_fragment_bytes or link.max_bytes
-        cfg = convert.learner_config_from_welcome(w)
-        link.schedule = cfg.schedule
-        link.numel = {f.index: f.numel for f in convert.plan_from_welcome(w).fragments}
-        if link.encoder is None:
-            link.encoder = codec.ContributionEncoder(cfg.codec, cfg.group, cfg.error_feedback)
-        link.connected.set()
+        self.session.welcome(w)
+        self.flags.connected.set()
         if self._welcomed:
-            link.reconnects += 1
-            link.events.emit("reconnected", link.id, heal=w.heal, epoch=w.epoch)
+            self.reporter.reconnects += 1
+            self.events.record(self.id, Reconnected(heal=w.heal, epoch=w.epoch))
         self._welcomed = True
-        link.joins += 1
-        st = link.state
-        link.beat_steps = st.steps if st is not None else 0
-        link.status()
+        self.session.joins += 1
+        self.steps.rejoined()
+        self.reporter()
         return Welcomed(w.SerializeToString())
 
     def reassemble(self, call: Any) -> Iterator[FromComm]:
@@ -144,7 +135,7 @@ class Downlink:
                 yield self._on_welcome(msg.welcome)
             elif which == "update":
                 header = msg.update
-                asm = Assembler(header.total_bytes, header.crc32, self.link.max_bytes)
+                asm = Assembler(header.total_bytes, header.crc32, self.session.max_bytes)
                 if header.payload:  # inline: the whole payload, no chunks follow
                     asm.add(header.payload)
                 if asm.complete:
@@ -160,7 +151,7 @@ class Downlink:
                     yield from _completed(u, header.heal, heal_parts, expect_heal)
             elif which == "notice":
                 if msg.notice.kind == "stop":
-                    self.link.status(stop=True)
+                    self.reporter(stop=True)
 
 
 def _completed(

@@ -1,34 +1,32 @@
-"""Contributions up: the send queue, encoding, PushOne / Push, shaping.
+"""Contributions up: encoding, PushOne / Push, shaping.
 
 The training side hands over `Outgoing` deltas (atoll.live.learner.messages.Submit); they wait
-in `SendQueue` (newest per fragment: a newer send of a fragment supersedes a queued one and
-takes over its work), and the up thread encodes each (`codec.ContributionEncoder`: quantize,
-compress, error feedback, in the order they go out; a heal's new generation drops older ones)
-right before sending it: one unary PushOne when it fits a chunk and no shaping is asked for,
-else a Push stream (header, chunks) through the optional token bucket.
+in the `SendQueue` (sendqueue.py: newest per fragment, a newer send of a fragment supersedes a
+queued one and takes over its work), and the up thread encodes each
+(`codec.ContributionEncoder`: quantize, compress, error feedback, in the order they go out; a
+heal's new generation drops older ones) right before sending it: one unary PushOne when it
+fits a chunk and no shaping is asked for, else a Push stream (header, chunks) through the
+optional token bucket.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import grpc
 
 from atoll.core.codec import CodecError
-from atoll.core.learner import supersede
-from atoll.core.messages import Contribution, Outgoing
-from atoll.live.learner.messages import PushRefused
+from atoll.core.events import PushFailed
+from atoll.core.messages import Contribution
+from atoll.eventlog import EventLog
+from atoll.live.comm.part import Part
+from atoll.live.comm.sendqueue import Pending, SendQueue
+from atoll.live.learner.messages import RefusalReceived
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 from atoll.wire.chunks import split
-
-if TYPE_CHECKING:
-    from atoll.live.comm.link import Link
 
 
 class TokenBucket:
@@ -55,165 +53,89 @@ class TokenBucket:
         return wait
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A queued contribution: as handed over, and once encoded (a retry sends the same frame:
-    its error-feedback residual is already spent)."""
+@dataclass(eq=False)
+class Uplink(Part):
+    """The up thread: takes contributions from the queue, encodes and sends them."""
 
-    outgoing: Outgoing
-    encoded: Contribution | None = None
+    queue: SendQueue
+    events: EventLog
+    bucket: TokenBucket | None = field(init=False)  # shaping asked for (`shape_mbps`)
 
-    @property
-    def fragment(self) -> int:
-        return self.outgoing.fragment
-
-
-class SendQueue:
-    """Contributions waiting to go, newest per fragment, oldest first; the counts that the
-    status reports carry (numbered under the same lock)."""
-
-    def __init__(self) -> None:
-        self._out: OrderedDict[int, Pending] = OrderedDict()
-        self._cv = threading.Condition()
-        self._closed = False
-        self.in_flight = 0
-        self.received = 0  # contributions handed over by the training side
-        self.generation = 0  # newest heal the training side reported
-        self._seq = 0
-
-    def put(self, items: list[Outgoing]) -> None:
-        with self._cv:
-            for o in items:
-                self.received += 1
-                old = self._out.pop(o.fragment, None)
-                if old is not None:  # the newest send of a fragment goes in its place
-                    o = supersede(old.outgoing, o)
-                self._out[o.fragment] = Pending(o)
-            self._cv.notify()
-
-    def requeue(self, item: Pending) -> None:
-        """Back to the front, unless a newer send of its fragment is queued."""
-        with self._cv:
-            if item.fragment not in self._out:
-                self._out[item.fragment] = item
-                self._out.move_to_end(item.fragment, last=False)
-                self._cv.notify()
-
-    def reset(self, generation: int) -> None:
-        """A heal: drop what an older generation queued."""
-        with self._cv:
-            self.generation = max(self.generation, generation)
-            old = [p for p, i in self._out.items() if i.outgoing.generation < self.generation]
-            for p in old:
-                del self._out[p]
-
-    def take(self) -> Pending | None:
-        """The oldest queued contribution, waiting for one (None once closed); it counts as in
-        flight until `done`."""
-        with self._cv:
-            while not self._out and not self._closed:
-                self._cv.wait()
-            if self._closed:
-                return None
-            _, item = self._out.popitem(last=False)
-            self.in_flight = 1
-            return item
-
-    def done(self) -> None:
-        with self._cv:
-            self.in_flight = 0
-
-    def counts(self) -> tuple[int, int, int]:
-        """(queued including in flight, received, a new report number)."""
-        with self._cv:
-            self._seq += 1
-            return len(self._out) + self.in_flight, self.received, self._seq
-
-    def wake_all(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-
-
-class Uplink:
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self.bucket = TokenBucket(link.o.shape_mbps * 1e6) if link.o.shape_mbps > 0 else None
+    def __post_init__(self) -> None:
+        mbps = self.o.shape_mbps
+        self.bucket = TokenBucket(mbps * 1e6) if mbps > 0 else None
 
     def encode(self, item: Pending) -> Pending | None:
         """Quantize + compress (None if a heal made it obsolete, or no Welcome set the codec)."""
         if item.encoded is not None:
             return item
-        enc, o = self.link.encoder, item.outgoing
-        if enc is None or o.generation < self.link.queue.generation:
+        enc, o = self.session.encoder, item.outgoing
+        if enc is None or o.generation < self.queue.generation:
             return None
         try:
             c = enc.encode(o)
         except CodecError as exc:  # the learner's own values are broken (a diverged model)
-            self.link.sink(PushRefused(o.fragment, f"not sent: {exc}", "heal"))
+            self.reporter.send(RefusalReceived(o.fragment, f"not sent: {exc}", "heal"))
             return None
         return None if c is None else Pending(o, c)
 
     def run(self) -> None:
         """The up thread."""
-        link = self.link
-        while not link.closing.is_set():
-            item = link.queue.take()
+        while not self.flags.closing.is_set():
+            item = self.queue.take()
             if item is None:
                 return
             try:
                 self._push(item)
             finally:
-                link.queue.done()
-                # each status report costs the training thread a message to handle: one per
-                # interval, or after every send while it waits for the queue to drain
-                if link.finishing or time.monotonic() >= link.status_at + link.o.status_interval_s:
-                    link.status()
+                self.queue.done()
+                self.reporter.after_send()
 
     def _push(self, raw: Pending) -> None:
-        link = self.link
-        if not link.connected.wait(0.5):
-            link.queue.requeue(raw)
+        closing, ch = self.flags.closing, self.channels
+        if not self.flags.connected.wait(0.5):
+            self.queue.requeue(raw)
             return
         item = self.encode(raw)
         if item is None:
             return
         c = item.encoded
         assert c is not None
-        link.faults.wait_while_cut(link.closing)
-        slow = link.faults.slow_bps()
+        self.faults.wait_while_cut(closing)
+        slow = self.faults.slow_bps()
         bucket = TokenBucket(slow) if slow > 0 else self.bucket
         timeout = 30.0 + len(c.payload) / 1e5
         try:
-            if len(c.payload) <= link.chunk_bytes and bucket is None:
-                reply = link.bulk_stub.PushOne(
+            if len(c.payload) <= self.session.chunk_bytes and bucket is None:
+                reply = ch.bulk_stub.PushOne(
                     pb.Single(header=self._header(c), payload=c.payload),
-                    metadata=link.metadata,
+                    metadata=ch.metadata,
                     timeout=timeout,
                 )
             else:
-                reply = link.bulk_stub.Push(
-                    self._frames(c, bucket), metadata=link.metadata, timeout=timeout
+                reply = ch.bulk_stub.Push(
+                    self._frames(c, bucket), metadata=ch.metadata, timeout=timeout
                 )
         except grpc.RpcError as exc:
-            link.events.emit("push_failed", link.id, fragment=c.fragment, error=str(exc.code()))
-            link.queue.requeue(item)
-            link.closing.wait(0.2)
+            failed = PushFailed(fragment=c.fragment, error=str(exc.code()))
+            self.events.record(self.o.learner_id, failed)
+            self.queue.requeue(item)
+            closing.wait(0.2)
             return
         if reply.accepted:
-            link.bytes_up += len(c.payload)
+            self.reporter.bytes_up += len(c.payload)
         elif reply.action == "rejoin":
-            link.queue.requeue(item)
-            link.closing.wait(0.2)
+            self.queue.requeue(item)
+            closing.wait(0.2)
         else:
-            link.sink(PushRefused(c.fragment, reply.reason, reply.action))
+            self.reporter.send(RefusalReceived(c.fragment, reply.reason, reply.action))
 
     def _header(self, c: Contribution) -> pb.ContributionHeader:
-        return convert.contribution_header(c, self.link.o.incarnation)
+        return convert.contribution_header(c, self.o.incarnation)
 
     def _frames(self, c: Contribution, bucket: TokenBucket | None) -> Iterator[pb.Up]:
         yield pb.Up(header=self._header(c))
-        for chunk in split(c.payload, self.link.chunk_bytes):
+        for chunk in split(c.payload, self.session.chunk_bytes):
             if bucket is not None:
                 bucket.take(len(chunk))
             yield pb.Up(chunk=chunk)

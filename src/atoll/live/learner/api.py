@@ -64,7 +64,7 @@ from atoll.live.learner.messages import (
     FromComm,
     HealReceived,
     PullReceived,
-    PushRefused,
+    RefusalReceived,
     RequestHeal,
     Reset,
     StepState,
@@ -315,8 +315,8 @@ class Learner:
         else:
             if st.stop:
                 proto.request_stop()
-            if st.share is not None:
-                proto.on_budget(st.share[0], st.share[1], 1)
+            if st.budget is not None:
+                proto.on_budget(*st.budget)
         if st.seq < self._comm_status.seq:
             return  # an older snapshot that overtook a newer one: keep the newer counters
         self._comm_status = st
@@ -341,7 +341,7 @@ class Learner:
                 self._status(st)
             case HealReceived(heal):
                 self._apply_heal(heal)
-            case PushRefused(fragment, reason, action):
+            case RefusalReceived(fragment, reason, action):
                 self.refused += 1
                 self._outputs(proto.on_refused(time.time(), fragment, reason, action))
             case CommFailed(reason):  # nothing would reach the syncer again: stop loudly

@@ -7,7 +7,7 @@ type (`match`).
 Down (training -> communication): `Start` (first, process mode only), `StepState` (after every
 step boundary), `Reset`, `RequestHeal`, `Finishing`, `BeatOnce`, `Close`.
 Up (communication -> training): `Welcomed`, `HealReceived`, `UpdateReceived`, `PullReceived`,
-`CommStatus`, `PushRefused`, `CommFailed`, `BeatDone`.
+`CommStatus`, `RefusalReceived`, `CommFailed`, `BeatDone`.
 
 Vectors stay out of the pickles where they can: in process mode a contribution's delta (up)
 and a decoded update (down) go through the shared slots (atoll.live.shm) and the message says
@@ -170,8 +170,9 @@ class PullReceived:
 @dataclass(frozen=True)
 class CommStatus:
     """The communication side's counters. Numbered (`seq`): snapshots from different threads
-    may overtake each other. `stop`: the syncer says the run is over; `share`: (tokens at the
-    heartbeat, this learner's share of the remaining token budget)."""
+    may overtake each other. `stop`: the syncer says the run is over; `budget`: the syncer's
+    answer about the token budget, as it gave it: (this learner's tokens at that heartbeat,
+    tokens remaining, learners live); the training side decides what share is its own."""
 
     seq: int = 0
     connected: bool = False
@@ -180,13 +181,15 @@ class CommStatus:
     queued: int = 0
     received: int = 0  # submits handed over so far (the training side compares its count)
     stop: bool = False
-    share: tuple[int, float] | None = None
+    budget: tuple[int, int, int] | None = None
     wire: tuple[int, int] | None = None  # bytes out, in on the wire (comm.wire), if measured
 
 
 @dataclass(frozen=True)
-class PushRefused:
-    """The syncer refused a contribution; `action` "heal" asks for a heal."""
+class RefusalReceived:
+    """A contribution refused: by the syncer (its answer), or not sent at all (it did not
+    encode); `action` "heal" asks for a heal. (The event the training side then writes is
+    atoll.core.events.PushRefused.)"""
 
     fragment: int
     reason: str
@@ -208,6 +211,6 @@ class BeatDone:
 
 
 FromComm: TypeAlias = (
-    "Welcomed | HealReceived | UpdateReceived | PullReceived | CommStatus | PushRefused"
+    "Welcomed | HealReceived | UpdateReceived | PullReceived | CommStatus | RefusalReceived"
     " | CommFailed | BeatDone"
 )

@@ -85,15 +85,13 @@ class ProcessPort:
     shared slots (atoll.live.shm) when free, so that the messages themselves stay small."""
 
     def __init__(self, opts: CommOptions, total: int, nflags: int) -> None:
-        import atoll
-
         self.slots: SharedSlots | None = None
         fds, shm_args = [], []
         if shm.available() and 0 < total <= MAX_SLOT_VALUES:
             self.slots, fd = SharedSlots.create(total, nflags)
             fds, shm_args = [fd], [str(fd), str(total), str(nflags)]
         ours, theirs = socket.socketpair()
-        root = str(Path(atoll.__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[3])  # the directory holding atoll/
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
