@@ -8,6 +8,7 @@ it); `check_choices` checks any settings object (the config's `ProtocolSettings`
 from __future__ import annotations
 
 from atoll.core.codec import SCHEMES
+from atoll.core.fragments import PACKINGS
 from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS
 from atoll.core.outer import OUTER_OPTIMIZERS
 from atoll.core.receipt import RECEIPT_MODES
@@ -17,6 +18,7 @@ SCHEDULES = ("pull", "push")  # "pull": the syncer paces rounds; "push": learner
 CODECS = tuple(SCHEMES)
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    "packing": PACKINGS,
     "schedule": SCHEDULES,
     "merge": MERGES,
     "weighting": WEIGHTINGS,
