@@ -21,7 +21,6 @@ from atoll.config.parse import (
     parse_overrides,
     split_overrides,
     to_args,
-    with_overrides,
 )
 from atoll.config.settings import (
     METHODS,
@@ -51,5 +50,4 @@ __all__ = [
     "resolve_key",
     "split_overrides",
     "to_args",
-    "with_overrides",
 ]

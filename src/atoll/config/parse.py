@@ -10,21 +10,19 @@ file holds sections as tables (`[protocol]` then `P = 24`) and/or bare keys at i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Literal, TypeVar, get_args, get_origin
+from typing import Literal, get_args, get_origin
 
 from atoll.config.job import SECTIONS, SIM_SECTIONS, JobConfig, field_types, resolve_key
 from atoll.config.live import LiveConfig
 from atoll.config.settings import SimConfig
 from atoll.errors import ConfigError
 
-C = TypeVar("C")
 Values = dict[str, dict[str, object]]  # section -> field -> typed value
 
 
@@ -154,10 +152,6 @@ def split_overrides(
 
 def _flat(values: Values) -> dict[str, object]:
     return {name: v for section in values.values() for name, v in section.items()}
-
-
-def with_overrides(cfg: C, overrides: dict[str, object]) -> C:
-    return dataclasses.replace(cfg, **overrides)  # type: ignore[type-var]
 
 
 def to_args(job: JobConfig) -> list[str]:

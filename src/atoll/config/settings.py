@@ -136,7 +136,7 @@ class ProtocolSettings:
         need(self, self.H >= 1, "H", "an integer >= 1")
         from atoll.core.choices import check_choices
 
-        check_choices(self)  # packing, schedule, merge, weighting, light_rounds, outer, receipt, codecs
+        check_choices(self)  # packing, schedule, merge, weighting, outer, receipt, codecs...
         need(self, 0 <= self.alpha < 1, "alpha", "a number in [0, 1)")
         need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
         need(self, 0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")
