@@ -1,4 +1,5 @@
-"""The settings of a run, grouped by concern, each group with its own `validate`.
+"""The sections of a job's settings (`atoll.config.job.JobConfig`: run, model, protocol,
+world, and live in live.py), each a frozen dataclass with its own `validate`.
 
 - RunSettings       which method, seed, how many learners, how long, torch threads
 - ModelSettings     the built-in model, its data, evaluation and inner optimizer
@@ -7,8 +8,8 @@
 - WorldSettings     the simulated world: step times, links, failures
 
 `SimConfig` is all four in one flat frozen dataclass (by inheritance, fields in the order
-above), so `cfg.learners`, `cfg.P` and `dataclasses.asdict(cfg)` see every key. The live-only
-settings are `atoll.config.live.LiveConfig`.
+above), so `cfg.learners`, `cfg.P` and `dataclasses.asdict(cfg)` see every key: the flat
+view the drivers use, `JobConfig.sim`.
 """
 
 from __future__ import annotations
