@@ -20,6 +20,7 @@ def _emits():
                 and node.func.attr in ("emit", "record")  # EventLog.emit, SyncerRuntime.record
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
+                and not (node.func.attr == "record" and len(node.args) > 1)  # typed: (source, R)
             ):
                 yield path.relative_to(SRC), node.lineno, node.args[0].value, node.keywords
 
