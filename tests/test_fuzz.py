@@ -158,7 +158,7 @@ def test_a_flipped_bit_anywhere_in_a_snapshot_is_refused(tmp_path):
         ("s.json", "{", "JSONDecodeError"),
         ("s.json", "[" * 100_000, "RecursionError"),
         ("s.toml", "\xff", "TOMLDecodeError"),
-        ("s.toml", "[run]\nlearners = 2", "run="),
+        ("s.toml", "[runs]\nlearners = 2", "runs="),
         ("s.json", '{"lr": NaN}', "a finite number"),
         ("s.json", '{"steps": ' + "9" * 5000 + "}", "JSON"),
     ],

@@ -62,7 +62,7 @@ def test_secret_from_env_or_file_never_short(tmp_path, monkeypatch):
 def test_settings_split_and_validate(tmp_path):
     sim, live = split_overrides(["learners=3", "pace_s=0.1", "chaos=kill:L1@2+1"])
     assert sim == {"learners": 3} and live == {"pace_s": 0.1, "chaos": "kill:L1@2+1"}
-    with pytest.raises(ConfigError, match="known keys"):
+    with pytest.raises(ConfigError, match="known key"):
         split_overrides(["nope=1"])
     cfg = tmp_path / "run.toml"
     cfg.write_text('learners = 2\nshape_mbps = "5,0"\n')

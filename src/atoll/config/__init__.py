@@ -1,21 +1,26 @@
 """Every setting in one place.
 
-- settings.py  SimConfig: the run, model/data/training, protocol and simulated-world groups
-               (each a frozen dataclass with its own `validate`), flat in one dataclass
-- live.py      LiveConfig: the live-only settings (ports, heartbeats, chaos, comm mode)
-- parse.py     the one `--set key=value` / JSON / TOML reader, and `to_args`
+- job.py       JobConfig: the nested settings of a job (sections run, model, protocol, world,
+               live), validated once; `job.sim` is the flat view drivers use
+- settings.py  the run, model/data/training, protocol and simulated-world sections (each a
+               frozen dataclass with its own `validate`), and SimConfig: the four flat in one
+- live.py      LiveConfig: the live section (ports, heartbeats, chaos, comm mode)
+- parse.py     the one `--set [section.]key=value` / JSON / TOML reader, and `to_args`
+- options.py   the live processes' options built from a JobConfig (SyncerOptions, the
+               learner's keyword arguments)
 
 Every key, its default and what it does: the field comments in settings.py and live.py.
 """
 
+from atoll.config.job import SECTIONS, JobConfig, resolve_key
 from atoll.config.live import COMM_MODES, LiveConfig, check_comm
 from atoll.config.parse import (
     add_set_argument,
     build,
+    load_job,
     parse_overrides,
     split_overrides,
     to_args,
-    with_overrides,
 )
 from atoll.config.settings import (
     METHODS,
@@ -29,6 +34,8 @@ from atoll.config.settings import (
 __all__ = [
     "COMM_MODES",
     "METHODS",
+    "SECTIONS",
+    "JobConfig",
     "LiveConfig",
     "ModelSettings",
     "ProtocolSettings",
@@ -38,8 +45,9 @@ __all__ = [
     "add_set_argument",
     "build",
     "check_comm",
+    "load_job",
     "parse_overrides",
+    "resolve_key",
     "split_overrides",
     "to_args",
-    "with_overrides",
 ]

@@ -1,4 +1,5 @@
-"""The settings of a run, grouped by concern, each group with its own `validate`.
+"""The sections of a job's settings (`atoll.config.job.JobConfig`: run, model, protocol,
+world, and live in live.py), each a frozen dataclass with its own `validate`.
 
 - RunSettings       which method, seed, how many learners, how long, torch threads
 - ModelSettings     the built-in model, its data, evaluation and inner optimizer
@@ -7,13 +8,12 @@
 - WorldSettings     the simulated world: step times, links, failures
 
 `SimConfig` is all four in one flat frozen dataclass (by inheritance, fields in the order
-above), so `cfg.learners`, `cfg.P` and `dataclasses.asdict(cfg)` see every key. The live-only
-settings are `atoll.config.live.LiveConfig`.
+above), so `cfg.learners`, `cfg.P` and `dataclasses.asdict(cfg)` see every key: the flat
+view the drivers use, `JobConfig.sim`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -135,12 +135,10 @@ class ProtocolSettings:
         need(self, self.group >= 1, "group", "an integer >= 1")
         need(self, self.guard == 0 or 1 < self.guard < math.inf, "guard", "0 (off) or a number > 1")
         need(self, self.H >= 1, "H", "an integer >= 1")
-        need(self, self.schedule in ("pull", "push"), "schedule", "'pull' or 'push'")
-        from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS
+        from atoll.core.choices import check_choices
 
-        need(self, self.merge in MERGES, "merge", f"one of {MERGES}")
-        need(self, self.weighting in WEIGHTINGS, "weighting", f"one of {WEIGHTINGS}")
-        need(self, self.light_rounds in LIGHT_ROUNDS, "light_rounds", f"one of {LIGHT_ROUNDS}")
+        check_choices(self)  # packing, schedule, merge, weighting, outer, receipt, codecs...
+        need(self, 0 <= self.alpha < 1, "alpha", "a number in [0, 1)")
         need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
         need(self, 0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")
         if learners is None:
@@ -155,20 +153,46 @@ class ProtocolSettings:
         return self
 
     def learner_config(self) -> LearnerConfig:
-        """The core learner state machine's settings (every field of it is one of ours)."""
+        """The core learner state machine's settings, field by field (tests/test_config.py
+        checks that every field of LearnerConfig is set here)."""
         from atoll.core.learner import LearnerConfig
 
-        return LearnerConfig(**self._fields_of(LearnerConfig))
+        return LearnerConfig(
+            tau=self.tau,
+            codec=self.codec,
+            group=self.group,
+            error_feedback=self.error_feedback,
+            receipt=self.receipt,
+            alpha=self.alpha,
+            block=self.block,
+            schedule=self.schedule,
+        )
 
     def syncer_config(self) -> SyncerConfig:
-        """The core syncer state machine's settings (`history` keeps its default)."""
+        """The core syncer state machine's settings, field by field (`history`, the syncer's
+        own memory bound, keeps its default)."""
         from atoll.core.syncer import SyncerConfig
 
-        return SyncerConfig(**self._fields_of(SyncerConfig))
-
-    def _fields_of(self, cls: type) -> dict[str, object]:
-        names = {f.name for f in dataclasses.fields(self)}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(cls) if f.name in names}
+        return SyncerConfig(
+            quorum=self.quorum,
+            tau=self.tau,
+            grace=self.grace,
+            grace_gamma=self.grace_gamma,
+            grace_ema=self.grace_ema,
+            merge=self.merge,
+            weighting=self.weighting,
+            light_rounds=self.light_rounds,
+            outer=self.outer,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
+            outer_delay=self.outer_delay,
+            down_codec=self.down_codec,
+            heal_codec=self.heal_codec,
+            group=self.group,
+            schedule=self.schedule,
+            codec=self.codec,
+            guard=self.guard,
+        )
 
 
 @dataclass(frozen=True)

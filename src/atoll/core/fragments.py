@@ -61,6 +61,7 @@ def balanced_pack(sizes: Mapping[str, int], bins: int) -> list[list[str]]:
     return out
 
 
+PACKINGS = ("balanced", "strided")  # how tensors are grouped into fragments (make_plan)
 _LAYER = re.compile(r"\.(\d+)\.")
 
 
@@ -237,7 +238,7 @@ def make_plan(
         if any(not g for g in groups):
             raise ConfigError("P", P, "at most the number of layers for strided packing")
     else:
-        raise ConfigError("packing", packing, "'balanced' or 'strided'")
+        raise ConfigError("packing", packing, f"one of {', '.join(PACKINGS)}")
     if emb:
         groups = [emb] + groups
     frags = []

@@ -30,12 +30,12 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from atoll import chaos
-from atoll.config import LiveConfig, SimConfig, to_args
+from atoll.config import JobConfig, LiveConfig, SimConfig, to_args
 from atoll.core.events import (
     Chaos,
     Crashed,
@@ -112,9 +112,8 @@ class Launcher:
 
     def _argv(self, kind: str, index: int = 0, restart: int = 0) -> list[str]:
         comm = resolve_comm(self.lcfg.comm, self.scfg.learners)  # all learners on this machine
-        settings = to_args(
-            self.scfg, LiveConfig(**{**self.lcfg.__dict__, "port": self.port, "comm": comm})
-        )
+        live = replace(self.lcfg, port=self.port, comm=comm)
+        settings = to_args(JobConfig.of(self.scfg, live))
         base = [sys.executable, "-m", "atoll.cli", kind, *settings]
         auth = ["--run-id", self.run_id, "--secret-file", str(self.secret_path)]
         if kind == "syncer":

@@ -35,20 +35,20 @@ def main(args: argparse.Namespace) -> int:
 
     import torch
 
-    from atoll.config import build
+    from atoll.config import load_job
+    from atoll.config.options import learner_options
     from atoll.errors import ConfigError
-    from atoll.live.comm_mode import resolve_comm
     from atoll.live.learner import Learner
     from atoll.model.recipe import load_corpus, new_model
     from atoll.model.train import DataStream, inner_lr, new_inner_optimizer, train_step
 
     torch.set_num_threads(1)
-    scfg, lcfg = build(args.overrides, args.config)
+    job = load_job(args.overrides, args.config)
+    scfg, lcfg = job.sim, job.live
     if not 0 <= args.index < scfg.learners:
         raise ConfigError("--index", args.index, f"an integer in [0, learners={scfg.learners})")
     lid = args.id or f"L{args.index}"
     slowdown = scfg.speed_factors()[args.index]
-    shape = lcfg.shape_factors(scfg.learners)[args.index]
     stop = {"now": False}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -82,15 +82,12 @@ def main(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         secret_file=args.secret_file,
         tls_ca=args.tls_ca,
-        wait_s=lcfg.wait_s,
-        shape_mbps=shape,
-        heartbeat_s=lcfg.heartbeat_s,
-        comm=resolve_comm(lcfg.comm, 1),  # `atoll run` passes its choice
         events=str(args.events) if args.events else None,
         # this process is ours alone: with comm threads, a 0.2 ms GIL switch interval bounds
         # the training thread's wait after each torch op (the library's opt-in, docs/live.md)
         switch_interval_s=2e-4,
         faults_file=str(args.faults) if args.faults else None,
+        **learner_options(job, args.index),  # wait_s, shape_mbps, heartbeat_s, comm
     )
     start = time.time()
     if lcfg.start_barrier and args.restart == 0:

@@ -28,10 +28,10 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
     import json
     import time
 
-    from atoll.config import build
+    from atoll.config import load_job
     from atoll.live.launcher import Launcher
 
-    scfg, lcfg = build(args.overrides, args.config, defaults)
+    job = load_job(args.overrides, args.config, defaults)
     out = args.out or Path("runs") / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
     if not args.resume and any((out / name).exists() for name in ("tape", "snapshot.safetensors")):
         from atoll.errors import ConfigError
@@ -42,11 +42,11 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
             "a new run directory: this one already holds a run (tape/snapshot); "
             "pass --resume to continue that run, or choose another --out",
         )
-    summary = Launcher(scfg, lcfg, out, quiet=args.quiet).run()
+    summary = Launcher(job.sim, job.live, out, quiet=args.quiet).run()
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim
 
-        sim = DecoupledSim(scfg, "virtual_time").run()  # same settings, schedule included
+        sim = DecoupledSim(job.sim, "virtual_time").run()  # same settings, schedule included
         summary["sim_eval_loss"] = sim.eval_loss
         summary["sim_tokens"] = sim.tokens
         summary["sim_participants_mean"] = sim.participants_mean

@@ -33,15 +33,18 @@ def main(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from atoll.config import build
+    from atoll.config import load_job
+    from atoll.config.options import syncer_options
+    from atoll.core.events import RestoreFailed
     from atoll.errors import EXIT_STORE, restore_hint
     from atoll.eventlog import EventLog
-    from atoll.live.syncer import SyncerOptions, SyncerService
+    from atoll.live.syncer import SyncerService
     from atoll.live.syncer.store_read import StoreError
     from atoll.model.recipe import builtin_plan, file_plan
     from atoll.wire.auth import load_secret
 
-    scfg, lcfg = build(args.overrides, args.config)
+    job = load_job(args.overrides, args.config)
+    scfg = job.sim
     secret = load_secret(args.secret_file)
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -50,34 +53,28 @@ def main(args: argparse.Namespace) -> int:
         plan, init = file_plan(args.init, scfg.P, scfg.H, emb, scfg.packing)
     else:
         plan, init = builtin_plan(scfg)
-    opts = SyncerOptions(
-        run_dir=run_dir,
-        run_id=args.run_id,
-        secret=secret,
-        host=lcfg.host,
-        port=lcfg.port,
-        chunk_bytes=lcfg.chunk_bytes,
-        lost_after_s=lcfg.lost_after_s,
-        snapshot_every_s=lcfg.snapshot_every_s,
-        snapshot_history=lcfg.snapshot_history,
-        tape_fsync=lcfg.tape_fsync,
-        token_budget=0 if args.no_budget else scfg.token_budget(),
+    opts = syncer_options(
+        job,
+        run_dir,
+        args.run_id,
+        secret,
+        budget=not args.no_budget,
+        expect=None if args.expect < 0 else args.expect,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
-        expect_learners=scfg.learners if args.expect < 0 else args.expect,
     )
     events = EventLog(run_dir / "events.jsonl")
     # `schedule` (pull by default, push as an option) reaches the learners in the Welcome
-    s_cfg, l_cfg = scfg.syncer_config(), scfg.learner_config()
+    s_cfg, l_cfg = job.syncer_config(), job.learner_config()
     try:
         service = SyncerService(plan, init, s_cfg, l_cfg, opts, events)
     except StoreError as exc:  # a state on disk that cannot be restored: no restart helps
-        events.emit("restore_failed", "syncer", error=str(exc)[:1000], run_dir=str(run_dir))
+        events.record("syncer", RestoreFailed(error=str(exc)[:1000], run_dir=str(run_dir)))
         events.close()
         print(f"atoll syncer: error: {restore_hint(run_dir, str(exc))}", file=sys.stderr)
         return EXIT_STORE
     port = service.start()
-    addr = f"{lcfg.host}:{port}"
+    addr = f"{job.live.host}:{port}"
     tmp = run_dir / "syncer.addr.tmp"
     tmp.write_text(addr)
     tmp.replace(run_dir / "syncer.addr")

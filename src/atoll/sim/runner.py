@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from atoll.config import SimConfig, with_overrides
+from atoll.config import JobConfig, SimConfig
 from atoll.core.fragments import make_plan
 from atoll.eventlog import write_events
 from atoll.model.recipe import CorpusCache, new_model
@@ -42,10 +42,11 @@ def run_one(
 
 
 def plan_runs(preset: Preset, overrides: dict[str, object]) -> list[tuple[str, SimConfig]]:
-    base = with_overrides(SimConfig(), {**preset.base, **overrides})
+    """Each run's settings: the preset's base < `overrides` < the run's own, validated."""
+    base = JobConfig().with_keys({**preset.base, **overrides})
     runs = []
     for spec in preset.runs:
-        cfg = with_overrides(base, spec.settings).validate()
+        cfg = base.with_keys(spec.settings).validate().sim
         if cfg.method == "decoupled":
             check_plan(cfg)
         runs.append((spec.name, cfg))

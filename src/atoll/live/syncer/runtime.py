@@ -15,12 +15,12 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from atoll.config.options import SyncerOptions
 from atoll.core.budget import BeatAnswer, StartBarrier, TokenBudget
 from atoll.core.events import (
     Accepted,
@@ -49,26 +49,6 @@ from atoll.threads import guarded
 
 def _exit(code: int) -> None:
     os._exit(code)
-
-
-@dataclass
-class SyncerOptions:
-    run_dir: Path
-    run_id: str
-    secret: str
-    host: str = "127.0.0.1"
-    port: int = 0
-    chunk_bytes: int = 256 * 1024
-    lost_after_s: float = 3.0
-    snapshot_every_s: float = 10.0
-    snapshot_history: int = 8
-    tape_fsync: bool = False
-    token_budget: int = 0  # 0: no budget (run until stopped)
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    max_fragment_bytes: int = 0  # 0: derived from the plan
-    expect_learners: int = 0  # start_at is set once this many learners have joined
-    max_learners: int = 100  # live sessions (and Pulls streams) at most: 2 threads each
 
 
 EXIT_THREAD_DIED = 70  # a background thread raised (EX_SOFTWARE): restart from the tape
