@@ -2,9 +2,9 @@
 
 Every process of a run (syncer, learners, launcher) appends to the same file; each line is one
 ``os.write`` on a descriptor opened with O_APPEND, so lines from different processes never
-interleave. Events are atoll.core.events' typed records (t, kind, source, data): `emit`
-refuses a kind or field that is not defined there. The virtual-time driver writes its streams
-with `write_events`; `load_events` reads either back as typed events.
+interleave. Events are atoll.core.events' typed records (t, kind, source, data), written with
+`record`: a record of a kind not defined there cannot be made. The virtual-time driver writes
+its streams with `write_events`; `load_events` reads either back as typed events.
 """
 
 from __future__ import annotations
@@ -30,11 +30,6 @@ class EventLog:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def emit(self, kind: str, source: str, **data: Any) -> None:
-        """Write an event of `kind` (one of atoll.core.events.KINDS) stamped now.
-        Deprecated: call sites use `record` with a typed record."""
-        self.write(Event.make(time.time(), kind, source, **data))
 
     def record(self, source: str, data: Record, t: float | None = None) -> None:
         """Write one typed record (atoll.core.events) from `source`, stamped `t` (default:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from atoll.core import codec
+from atoll.core.choices import check_choices
 from atoll.core.events import Event
 from atoll.core.messages import Outgoing, Send
 from atoll.core.receipt import check_mode
@@ -30,12 +30,10 @@ class LearnerConfig:
     def validate(self, H: int) -> None:
         if not 0 <= self.tau < H:
             raise ConfigError("tau", self.tau, f"an integer in [0, H={H}) (overlap steps)")
-        codec.check_scheme(self.codec)
+        check_choices(self)
         if self.group < 1:
             raise ConfigError("group", self.group, "an integer >= 1")
         check_mode(self.receipt, self.alpha)
-        if self.schedule not in ("pull", "push"):
-            raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
         if not self.max_wait_s >= 0:
             raise ConfigError("max_wait_s", self.max_wait_s, "a number >= 0 (seconds; inf)")
 

@@ -45,6 +45,7 @@ import torch
 from atoll.core import codec
 from atoll.core.admission import HealCache, SeenVersions, can_resume
 from atoll.core.checks import check_contribution, decode_checked
+from atoll.core.choices import check_choices
 from atoll.core.counters import token_weight
 from atoll.core.delivery import Delivery
 from atoll.core.events import (
@@ -59,7 +60,7 @@ from atoll.core.events import (
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.guard import MagnitudeGuard
-from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS, RoundWeight, merge_fragment
+from atoll.core.merge import RoundWeight, merge_fragment
 from atoll.core.messages import (
     CloseRound,
     Commit,
@@ -108,20 +109,9 @@ class SyncerConfig:
     guard: float = 10.0  # magnitude guard factor (core/guard.py); 0 = off
 
     def validate(self) -> None:
-        if self.merge not in MERGES:
-            raise ConfigError("merge", self.merge, f"one of {MERGES}")
-        if self.weighting not in WEIGHTINGS:
-            raise ConfigError("weighting", self.weighting, f"one of {WEIGHTINGS}")
-        if self.light_rounds not in LIGHT_ROUNDS:
-            raise ConfigError("light_rounds", self.light_rounds, f"one of {LIGHT_ROUNDS}")
-        codec.check_scheme(self.down_codec, "down_codec")
-        codec.check_scheme(self.heal_codec, "heal_codec")
-        if self.codec:
-            codec.check_scheme(self.codec)
+        check_choices(self, empty_ok=("codec",))  # the learners' codec: '' = any
         if self.history < 2:
             raise ConfigError("history", self.history, "an integer >= 2")
-        if self.schedule not in ("pull", "push"):
-            raise ConfigError("schedule", self.schedule, "'pull' or 'push'")
         if not (self.guard == 0 or 1 < self.guard < math.inf):
             raise ConfigError("guard", self.guard, "0 (off) or a number > 1")
 

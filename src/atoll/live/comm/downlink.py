@@ -20,7 +20,7 @@ import torch
 
 from atoll.core import codec
 from atoll.core.events import Disconnected, Reconnected, RefusedBySyncer, TransferFailed
-from atoll.core.messages import FragmentUpdate, Heal, Resume
+from atoll.core.messages import FragmentUpdate, Heal, Resume, UpdateKind
 from atoll.eventlog import EventLog
 from atoll.live.comm.part import Part
 from atoll.live.comm.session import StepReports
@@ -150,14 +150,14 @@ class Downlink(Part):
                     asm = None
                     yield from _completed(u, header.heal, heal_parts, expect_heal)
             elif which == "notice":
-                if msg.notice.kind == "stop":
+                if convert.notice_stops(msg.notice):
                     self.reporter(stop=True)
 
 
 def _completed(
     u: FragmentUpdate, heal: bool, parts: list[FragmentUpdate], expect: int
 ) -> Iterator[FromComm]:
-    if u.kind == "held" and not heal:
+    if u.kind is UpdateKind.HELD and not heal:
         raise convert.MessageError("UpdateHeader.kind", u.kind, "'held' only in a heal")
     if heal:
         parts.append(u)
