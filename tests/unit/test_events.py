@@ -7,7 +7,7 @@ from pathlib import Path
 
 from atoll.core.events import KINDS
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "atoll"
+SRC = Path(__file__).resolve().parents[2] / "src" / "atoll"
 
 
 def _emits():
