@@ -1,5 +1,5 @@
 """Fuzzing of everything atoll reads from the network or disk (benchmarks/fuzz.py runs it,
-tests/test_fuzz.py runs a few cases of each family).
+tests/unit/test_fuzz.py runs a few cases of each family).
 
 A family is a hypothesis strategy of cases (readable recipes: a reproducer is the case's repr)
 and a check that runs one case against the decoder under test and says "refused" or

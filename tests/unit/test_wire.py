@@ -224,7 +224,7 @@ def test_comm_side_encodes_in_send_order_and_drops_obsolete_contributions():
 
 
 def test_run_directory_of_the_earlier_layout_still_restores(tmp_path):
-    """tests/data/old_layout was written by the store before the fragment-state dicts (a
+    """tests/unit/data/old_layout was written by the store before the fragment-state dicts (a
     snapshot after 6 merges, 4 more on the tape); restoring it gives the state the same
     contributions give now."""
     import shutil

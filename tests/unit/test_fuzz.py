@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from fuzzing import FAMILIES  # noqa: E402
 from fuzzing.frames import rle_zstd  # noqa: E402

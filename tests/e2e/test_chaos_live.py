@@ -8,7 +8,11 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from atoll.eventlog import read_events
+
+pytestmark = pytest.mark.slow
 
 TINY = [
     "n_layer=1", "d_model=16", "n_head=2", "context=16", "batch=4", "P=4", "H=4",
@@ -31,7 +35,8 @@ def _run(out, extra, timeout=240):
     return json.loads((out / "summary.json").read_text()), events, story
 
 
-def test_9_and_12_a_syncer_down_when_the_learners_finish_is_brought_back(tmp_path):
+# issue 9, defects 9 and 12
+def test_a_syncer_down_when_the_learners_finish_is_brought_back(tmp_path):
     """The syncer is killed 2 s into training and stays down 8 s; the learners reach their
     share meanwhile. Before: they exited with their work unmerged and the launcher exited 0
     without restarting the syncer (tokens 0, eval NaN, no final model). Now they wait for

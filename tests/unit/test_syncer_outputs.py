@@ -2,7 +2,6 @@
 `Commit` before a round's updates, `PushAnswer` for every contribution, typed timer keys."""
 
 import torch
-from test_protocol import setup
 
 from atoll.core import codec
 from atoll.core.events import Event, RoundClosed
@@ -16,6 +15,7 @@ from atoll.core.messages import (
     Send,
     SetTimer,
 )
+from tests.helpers import setup
 
 
 def _contrib(plan, lid, p, seq, base):

@@ -1,7 +1,5 @@
 """The learner and syncer state machines, driven by hand with explicit times."""
 
-import weakref
-
 import pytest
 import torch
 
@@ -13,73 +11,12 @@ from atoll.core.messages import (
     Contribution,
     FragmentUpdate,
     Heal,
-    Outgoing,
     PullTick,
-    Send,
     SetTimer,
 )
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.errors import ConfigError
-
-SHAPES = {"a": (4,), "b": (3,)}
-
-
-def setup(
-    quorum=1, grace=False, n=2, receipt="overwrite", codec_name="fp32", tau=1, schedule="push", **kw
-):
-    plan = make_plan(SHAPES, P=2, H=2)
-    init = {k: torch.zeros(s) for k, s in SHAPES.items()}
-    syncer = SyncerProtocol(
-        plan,
-        [plan.flatten(init, p) for p in range(2)],
-        SyncerConfig(
-            **{
-                "quorum": quorum,
-                "grace": grace,
-                "tau": tau,
-                "outer": "sgd",
-                "outer_lr": 1.0,
-                "schedule": schedule,
-                **kw,
-            }  # fmt: skip
-        ),
-    )
-    learners = []
-    for i in range(n):
-        params = {k: torch.zeros(s) for k, s in SHAPES.items()}
-        lp = LearnerProtocol(
-            f"L{i}",
-            plan,
-            params,
-            LearnerConfig(tau=tau, codec=codec_name, receipt=receipt, schedule=schedule),
-        )
-        heal = [o for o in syncer.on_join(0.0, lp.id) if isinstance(o, Send)][0].message
-        lp.on_heal(0.0, heal)
-        learners.append(lp)
-    return plan, syncer, learners
-
-
-_ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def encoded(lp, outputs):
-    """A driver's part: the learner's `Outgoing` deltas encoded, in send order, by its own
-    encoder (error feedback included)."""
-    cfg = lp.cfg
-    enc = _ENCODERS.setdefault(
-        lp, codec.ContributionEncoder(cfg.codec, cfg.group, cfg.error_feedback)
-    )
-    return [
-        Send(o.to, enc.encode(o.message)) if isinstance(o.message, Outgoing) else o for o in outputs
-    ]
-
-
-def step(lp, now, tokens, step_time):
-    return encoded(lp, lp.on_step(now, tokens, step_time))
-
-
-def sends(outputs):
-    return [o for o in outputs if isinstance(o, Send)]
+from tests.helpers import SHAPES, encoded, sends, setup, step
 
 
 def test_learner_sends_scheduled_fragment_with_counters():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from atoll.core.events import KINDS
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "atoll"
+SRC = Path(__file__).resolve().parents[2] / "src" / "atoll"
 
 
 RECORDS = {cls.__name__: kind for kind, cls in KINDS.items()}

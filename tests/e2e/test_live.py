@@ -25,6 +25,8 @@ from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata
 from atoll.wire.chunks import crc32
 
+pytestmark = pytest.mark.slow
+
 TINY = [
     "n_layer=1",
     "d_model=16",
@@ -387,16 +389,6 @@ def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
     # measured and logged; docs/live.md has the figure)
     steps = [e["data"] for e in events if e["kind"] == "step" and e["data"].get("pulls")]
     assert steps and all(d["pull_latency_ms"] is not None for d in steps), steps
-
-
-def test_run_refuses_a_directory_that_already_holds_a_run(tmp_path, capsys):
-    from atoll.cli import main as atoll_main
-
-    (tmp_path / "tape").mkdir()
-    rc = atoll_main(["run", "--out", str(tmp_path), "--quiet"])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert "already holds a run" in err and "--resume" in err
 
 
 def _self_signed(tmp_path):

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from test_protocol import encoded, sends, setup, step
 
 from atoll.core import codec
 from atoll.core.events import KINDS, Event
@@ -23,6 +22,7 @@ from atoll.core.messages import (
 )
 from atoll.core.syncer import PROGRESS_STEPS_MAX
 from atoll.errors import ConfigError
+from tests.helpers import encoded, sends, setup, step
 
 
 def _contrib(plan, lid, p, seq, base, value=0.01, **kw):
