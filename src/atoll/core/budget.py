@@ -1,5 +1,6 @@
-"""The live syncer's run-level rules: the token budget that ends a run, and the synchronized
-start of the learners expected at its beginning.
+"""The run-level rules: the token budget that ends a run (the syncer's side, `TokenBudget`, and
+each learner's, `BudgetShare`), and the synchronized start of the learners expected at its
+beginning.
 
 A run with a token budget ends when the learners' counted tokens reach it: the syncer asks
 every learner to stop in its heartbeat replies, and tells each how much remains and how many
@@ -60,3 +61,32 @@ class StartBarrier:
         if self.expect and self.start_at is None and count >= self.expect:
             self.start_at = now + self.delay_s
         return self.start_at
+
+
+@dataclass
+class BudgetShare:
+    """A learner's side of the token budget: it stops when the syncer says the budget is spent,
+    or once it has trained its share of what the syncer's last answer said was left (the
+    remaining tokens over the live learners), counted from the tokens that answer carried."""
+
+    stopped: bool = False
+    share: tuple[int, float] | None = None  # (tokens at the answer, tokens left to it)
+
+    def answer(self, tokens: int, remaining: int, live: int) -> None:
+        self.share = (tokens, remaining / max(live, 1))
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def spent(self, tokens: int) -> bool:
+        """Whether a learner that has trained `tokens` in all should stop."""
+        share = self.share
+        return self.stopped or (share is not None and tokens - share[0] >= share[1])
+
+    def state_dict(self) -> dict:
+        return {"stopped": self.stopped, "share": self.share}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.stopped = bool(st.get("stopped", False))
+        share = st.get("share")
+        self.share = None if share is None else (int(share[0]), float(share[1]))

@@ -5,50 +5,26 @@ Every component emits `Event(t, source, record)`; metrics (atoll.metrics), logs
 seconds in a live run; `source` is "syncer", "launcher" or a learner id. On disk an event is
 `{"t", "kind", "source", "data"}`; fields left at None are not written.
 
-This module is the whole vocabulary: a kind not defined here cannot be emitted
-(`Event.make` raises), and a record's fields are its dataclass fields.
+This module is the whole vocabulary: a kind not defined here cannot be written
+(`Event.make`, reading a log, raises on one), and a record's fields are its dataclass fields.
 
-Protocol (atoll.core):
-    joined          syncer admitted a learner: learner, [incarnation, heal (False: it resumed)]
-    lost            syncer dropped a learner: learner, [why]
-    accepted        syncer took a contribution: learner, fragment, seq, bytes, work_s
-    refused         syncer refused a contribution: learner, fragment, reason, [code]
-    round_closed    syncer merged a fragment: fragment, version, participants [ids], weights,
-                    staleness [rounds], scale, quorum_wait_s, grace_s, bytes_in, bytes_out
-    merge_refused   syncer dropped a round whose merge was not finite: fragment,
-                    participants, reason (nothing committed)
-    link_bottleneck syncer: a learner's uploads now take longer than the tau-step overlap (its
-                    link, not its compute, sets its pace): learner, upload_s, overlap_s
-    healed          learner loaded every global fragment: [versions, incarnation, since_start_s]
-    applied         learner applied a global fragment: fragment, version, mode
-Drivers (virtual-time and live learners):
-    sent            learner sent a fragment: fragment, seq, base_version, bytes, steps, tokens
-    blocked         learner waited at a step boundary: wait_s
-    failed          learner failed: lost_steps_s (work since its last send, lost)
-    rejoined        learner healed and training again: downtime_s
-    training        live learner's first step: incarnation, since_start_s
-    step            live learner, every 50 steps and at its end: incarnation, step, tokens,
-                    step_time, pulls, pull_latency_ms, [wire_up, wire_down]
-Live learner's communication side:
-    heal_needed, comm_fatal, refused_by_syncer (reason); push_refused (fragment, reason);
-    final_beat_lost (tokens): the syncer never counted the final counters;
-    push_failed (fragment, error); transfer_failed (error): an update that could not be
-    received; disconnected (retry_in_s); reconnected (heal, epoch)
-Live syncer:
-    syncer_started (port, epoch, restored); syncer_stopped (rounds); restored (snapshot_records,
-    replayed, rounds_closed, versions, lost_committed_rounds); snapshot (tape_next, rounds);
-    seen_check (learner, lost_committed_rounds, [implausible]);
-    transfer_broken (learner, fragment, error);
-    auth_refused (method, reason, [count: refusals since the last one written]);
-    limit_reached (what, limit, [learner]); snapshot_failed (error);
-    restore_failed (error, run_dir): the state on disk cannot be restored (exit 65);
-    disk_failed (error, path): the tape could not be written, nothing is committed until
-    disk_recovered (paused_s)
-Any process:
-    thread_died (thread, error): a background thread raised; the process then stops
-Launcher:
-    run_started (run_id, address); run_ended (interrupted); timeout (max_wall_s);
-    started, restarted (process, pid); crashed (process, rc); chaos (action, process, duration_s)
+Fields are each record's dataclass fields (below). Who writes which:
+Protocol, syncer (atoll.core.syncer): joined, lost, accepted, refused, round_closed (a merge:
+    participants, weights, staleness, scale, waits, bytes), merge_refused (a round dropped: its
+    merge was not finite), link_bottleneck (a learner's uploads take longer than the overlap)
+Protocol, learner (atoll.core.learner): healed, applied, blocked (a wait at a step boundary),
+    heal_needed (an update that does not chain), push_refused (the syncer refused a send)
+Drivers: sent, failed (lost_steps_s: work since its last send), rejoined; live learners:
+    training (first step), step (every 50 steps and at the end: counters, wire bytes)
+Live learner's communication side: comm_fatal, refused_by_syncer, final_beat_lost (the syncer
+    never counted the final counters), push_failed, transfer_failed (an update that could not
+    be received), disconnected, reconnected
+Live syncer: syncer_started, syncer_stopped, restored, snapshot, seen_check, transfer_broken,
+    auth_refused (count: refusals since the last one written), limit_reached, snapshot_failed,
+    restore_failed (the state on disk cannot be restored: exit 65), disk_failed (the tape could
+    not be written: nothing is committed until disk_recovered)
+Any process: thread_died (a background thread raised; the process then stops)
+Launcher: run_started, run_ended, timeout, started, restarted, crashed, chaos
 """
 
 from __future__ import annotations

@@ -8,13 +8,7 @@ over). It applies due global fragments to the parameter tensors it was given, at
 boundaries only. Both drivers (atoll.sim.decoupled, atoll.live.learner.api) make these calls
 and decide nothing of their own.
 
-Lifecycle (`phase`, a `Phase`):
-    JOINING  until the first heal (a learner never trains from its own initialisation)
-    RUNNING  stepping
-    WAITING  at a step boundary, for an answer due before the next step (`max_wait_s`)
-    DONE     its run is over: the token budget is spent (its share of it, or the syncer said
-             stop) and the final flush was sent
-    DOWN     its process died (the driver says so: `on_down`); a new process is a new protocol
+Its lifecycle is `phase` (a `Phase`: joining, running, waiting, done, down; learner_types.py).
 
 Life of fragment p on a learner:
     step s with s mod H == t_p  -> send Contribution(delta = base_p - theta_p, counters)
@@ -22,16 +16,6 @@ Life of fragment p on a learner:
     step >= s + tau             -> apply it (receipt mode), reset counters
 If the answer has not arrived by step s + tau, `blocked()` names p and the driver waits.
 Updates that do not answer a send of ours are kept (latest wins) and applied with the answer.
-
-When fragments are sent (`schedule`):
-- "pull" (default): the syncer paces the rounds. It sends a tiny Pull for fragment p on its own
-  clock, one schedule slot per measured step time; the learner sends p at its next step
-  boundary (`take_pulled`). All learners thus contribute to the same round at about the same
-  wall time whatever their speed, and a slow learner simply contributes fewer steps (its
-  tokens^2/steps weight is smaller). The learner reports its step time in a Progress message
-  after every step.
-- "push": the learner sends p after its own step s with s mod H == t_p. Learners of different
-  speeds then drift out of phase, and rounds gather them only if the syncer waits.
 
 Encoding is the driver's: a send is an `Outgoing` (the raw delta and its counters); the driver
 encodes it with its `codec.ContributionEncoder` in send order. Goodput's books are kept here:
@@ -42,30 +26,27 @@ fragment's share since its previous send; `final_flush` sends every fragment wit
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
 from atoll.core import codec
+from atoll.core.budget import BudgetShare
 from atoll.core.counters import FragmentCounters
 from atoll.core.events import Applied, Blocked, Event, Healed, HealNeeded, PushRefused
 from atoll.core.fragments import FlatFragments, FragmentPlan
 from atoll.core.grace import EMA
-from atoll.core.learner_types import Boundary, HealRequest, LearnerConfig, Phase, supersede
+from atoll.core.learner_types import (
+    Boundary,
+    HealRequest,
+    LearnerConfig,
+    Outstanding,
+    Phase,
+    supersede,
+)
 from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Progress, Pull, Send
 from atoll.core.receipt import receive
 
 __all__ = ["Boundary", "HealRequest", "LearnerConfig", "LearnerProtocol", "Phase", "supersede"]
-
-
-@dataclass
-class _Outstanding:
-    seq: int
-    step: int
-    at_send: torch.Tensor | None
-    steps: int
-    tokens: int
-    answered: bool = False
 
 
 class LearnerProtocol:
@@ -96,12 +77,11 @@ class LearnerProtocol:
         self.base_version: list[int] = []
         self.latest: list[torch.Tensor] = []  # newest public global value (may be unapplied)
         self.latest_version: list[int] = []
-        self.outstanding: dict[int, _Outstanding] = {}
+        self.outstanding: dict[int, Outstanding] = {}
         self.pulled: set[int] = set()
         self.phase = Phase.JOINING
         self.wait_since = 0.0  # when the current wait began (WAITING)
-        self.stopped = False  # the syncer said the run is over
-        self.share: tuple[int, float] | None = None  # (tokens at the answer, tokens left)
+        self.budget = BudgetShare()  # its side of the run's token budget
 
     @property
     def healed(self) -> bool:
@@ -202,21 +182,17 @@ class LearnerProtocol:
 
     # -- the token budget and the end of the run --------------------------------------------
     def on_budget(self, tokens: int, remaining: int, live: int) -> None:
-        """The syncer's answer to a heartbeat that carried `tokens`: `remaining` tokens of the
-        budget are left for `live` learners; this learner's share is its part of them."""
-        self.share = (tokens, remaining / max(live, 1))
+        """The syncer's answer to a heartbeat that carried `tokens` (core/budget.py)."""
+        self.budget.answer(tokens, remaining, live)
 
     def request_stop(self) -> None:
         """The syncer says the run's token budget is spent."""
-        self.stopped = True
+        self.budget.stop()
 
     @property
     def should_stop(self) -> bool:
         """The budget is spent: the syncer said so, or this learner trained its share."""
-        if self.stopped or self.phase is Phase.DONE:
-            return True
-        share = self.share
-        return share is not None and self.tokens - share[0] >= share[1]
+        return self.phase is Phase.DONE or self.budget.spent(self.tokens)
 
     def boundary(self, now: float) -> Boundary:
         """A step boundary (after `on_step`, or while waiting when something arrived or the
@@ -288,7 +264,7 @@ class LearnerProtocol:
             delta = self.base[p] - theta
             work, self.unsent[p] = self.unsent[p], 0.0
             self.seq += 1
-            self.outstanding[p] = _Outstanding(
+            self.outstanding[p] = Outstanding(
                 seq=self.seq,
                 step=self.step,
                 at_send=theta if carry else None,
@@ -389,8 +365,7 @@ class LearnerProtocol:
             "generation": self.generation,
             "healed": self.healed,
             "phase": self.phase.value,
-            "stopped": self.stopped,
-            "share": self.share,
+            "budget": self.budget.state_dict(),
             "step_time": self.step_time.value,
             "work_s": self.work_s,
             "unsent": list(self.unsent),
@@ -399,17 +374,7 @@ class LearnerProtocol:
             "base_version": list(self.base_version),
             "latest": [t.clone() for t in self.latest],
             "latest_version": list(self.latest_version),
-            "outstanding": {
-                p: (
-                    r.seq,
-                    r.step,
-                    None if r.at_send is None else r.at_send.clone(),
-                    r.steps,
-                    r.tokens,
-                    r.answered,
-                )  # fmt: skip
-                for p, r in self.outstanding.items()
-            },
+            "outstanding": {p: r.state() for p, r in self.outstanding.items()},
             "pulled": sorted(self.pulled),
         }
 
@@ -419,7 +384,8 @@ class LearnerProtocol:
         self.step, self.seq, self.generation = st["step"], st["seq"], st["generation"]
         self.step_time.value, self.work_s = st["step_time"], st["work_s"]
         self.phase = Phase(st.get("phase", Phase.RUNNING if st["healed"] else Phase.JOINING))
-        self.wait_since, self.stopped, self.share = 0.0, st.get("stopped", False), st.get("share")
+        self.wait_since = 0.0
+        self.budget.load_state_dict(st.get("budget", {}))
         if self.phase is Phase.WAITING:  # a wait does not outlive its process
             self.phase = Phase.RUNNING
         self.unsent = list(st["unsent"])
@@ -428,8 +394,5 @@ class LearnerProtocol:
         self.base_version = list(st["base_version"])
         self.latest = [t.clone() for t in st["latest"]]
         self.latest_version = list(st["latest_version"])
-        self.outstanding = {
-            p: _Outstanding(s, k, None if a is None else a.clone(), n, t, ans)
-            for p, (s, k, a, n, t, ans) in st["outstanding"].items()
-        }
+        self.outstanding = {p: Outstanding.of(r) for p, r in st["outstanding"].items()}
         self.pulled = set(st["pulled"])

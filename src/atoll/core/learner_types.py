@@ -1,5 +1,16 @@
 """The learner protocol's settings (`LearnerConfig`), its lifecycle (`Phase`) and the typed
-records it hands its drivers besides sends and events (`Boundary`, `HealRequest`)."""
+records it hands its drivers besides sends and events (`Boundary`, `HealRequest`).
+
+When fragments are sent (`schedule`):
+- "pull" (default): the syncer paces the rounds. It sends a tiny Pull for fragment p on its own
+  clock, one schedule slot per measured step time; the learner sends p at its next step
+  boundary (`take_pulled`). All learners thus contribute to the same round at about the same
+  wall time whatever their speed, and a slow learner simply contributes fewer steps (its
+  tokens^2/steps weight is smaller). The learner reports its step time in a Progress message
+  after every step.
+- "push": the learner sends p after its own step s with s mod H == t_p. Learners of different
+  speeds then drift out of phase, and rounds gather them only if the syncer waits.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +18,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+import torch
 
 from atoll.core.choices import check_choices
 from atoll.core.events import Event
@@ -39,6 +52,16 @@ class LearnerConfig:
 
 
 class Phase(StrEnum):
+    """A learner's lifecycle.
+
+    JOINING  until the first heal (a learner never trains from its own initialisation)
+    RUNNING  stepping
+    WAITING  at a step boundary, for an answer due before the next step (`max_wait_s`)
+    DONE     its run is over: the token budget is spent (its share of it, or the syncer said
+             stop) and the final flush was sent
+    DOWN     its process died (the driver says so: `on_down`); a new process is a new protocol
+    """
+
     JOINING = "joining"
     RUNNING = "running"
     WAITING = "waiting"
@@ -74,3 +97,25 @@ def supersede(old: Outgoing, new: Outgoing) -> Outgoing:
     if old.fragment != new.fragment:
         raise ValueError(f"fragment {new.fragment} cannot supersede a send of {old.fragment}")
     return dataclasses.replace(new, work_s=new.work_s + old.work_s)
+
+
+@dataclass
+class Outstanding:
+    """A send of a fragment not yet applied: its number, the step it was taken at, the local
+    value then (receipt mode "carry" only) and the counters it carried."""
+
+    seq: int
+    step: int
+    at_send: torch.Tensor | None
+    steps: int
+    tokens: int
+    answered: bool = False
+
+    def state(self) -> tuple:
+        at = None if self.at_send is None else self.at_send.clone()
+        return (self.seq, self.step, at, self.steps, self.tokens, self.answered)
+
+    @staticmethod
+    def of(st: tuple) -> Outstanding:
+        s, k, a, n, t, ans = st
+        return Outstanding(s, k, None if a is None else a.clone(), n, t, ans)

@@ -168,11 +168,9 @@ class DecoupledSim:
         learner.step_at, learner.step_dt = stalls.advance(now, dt) if stalls else now + dt, dt
         self.push(learner.step_at, "step", learner.id, learner.incarnation, dt)
 
-    def _boundary(self, now: float, learner: SimLearner) -> None:
-        """Between two steps: the protocol says step again, wait, or stop."""
-        self._act(now, learner, learner.proto.boundary(now))
-
-    def _act(self, now: float, learner: SimLearner, b: Boundary) -> None:
+    def _boundary(self, now: float, learner: SimLearner, b: Boundary | None = None) -> None:
+        """Between two steps: the protocol says (`b`, or now) step again, wait, or stop."""
+        b = b if b is not None else learner.proto.boundary(now)
         self._learner_outputs(now, learner, [*b.events, *b.sends])
         if b.done:
             self.end_time = max(self.end_time, now)
@@ -220,7 +218,7 @@ class DecoupledSim:
         for other in self.learners:
             other.proto.request_stop()
             if other is not by and other.phase is Phase.WAITING:
-                self._act(now, other, other.proto.finish(now))
+                self._boundary(now, other, other.proto.finish(now))
 
     def on_up(self, now: float, learner: SimLearner, c: Contribution | Progress) -> None:
         if self.faults.syncer_down:
@@ -376,9 +374,6 @@ class DecoupledSim:
             elif kind == "fail":
                 self.fail(now, learner, args[2])
         return self._result()
-
-    def chaos_summary(self) -> dict:
-        return self.faults.summary()
 
     def _result(self) -> RunResult:
         cfg = self.cfg

@@ -34,7 +34,7 @@ def run_one(
     sim = DecoupledSim(cfg, name, progress, corpus=corpus)
     result = sim.run()
     if cfg.scenario:  # what the chaos scenario did (not a RunResult field: runs without one
-        result.chaos = sim.chaos_summary()  # keep their JSON as it was)
+        result.chaos = sim.faults.summary()  # keep their JSON as it was)
     if events_path is not None:
         events_path.parent.mkdir(parents=True, exist_ok=True)
         write_events(events_path, sim.events)

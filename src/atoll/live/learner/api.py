@@ -8,36 +8,27 @@
             break
     learner.finish()
 
-`Learner` drives atoll.core.learner.LearnerProtocol. All protocol calls happen in the training
-thread, inside `step()` (a step boundary). At that boundary the learner applies what arrived,
-takes the contributions now due (`Outgoing`: plain float32 deltas base - theta, the snapshot
-is the step boundary's), and hands them to the communication side (atoll.live.comm), which
-encodes (quantizes, compresses, error feedback) and sends them. It runs in a child process
-(`comm="process"`, what the default "auto" picks with 2 or more cores per learner process
-running on this machine (`comm_mode.learners_on_host`): no background Python
-thread competes for the training process's GIL; a step boundary costs one socket write, one
-read, and copies through shared memory slots, atoll.live.shm) or in background threads
-(`comm="thread"`: no second process, but those threads take the GIL from the training loop at
-every message; measured +4 to +5% per step of the built-in model against +2.3% for the child
-process, BENCHMARKS.md). The two transports are atoll.live.learner.ports; what the sides say,
-atoll.live.learner.messages.
-
-Schedules (the syncer's choice, sent in its Welcome): "pull" (default) - the learner's
-heartbeats report its step count and step time, which pace the syncer's pull clock, and it
-sends a fragment at the first step boundary after the syncer pulls it (at once when it is
-waiting for an answer); "push" - it sends on its own step count.
+`Learner` drives atoll.core.learner.LearnerProtocol and decides nothing itself: at every step
+boundary (`step()`, in the training thread) it hands the protocol what arrived and does what
+`LearnerProtocol.boundary` says (hand the contributions due to the communication side, wait for
+an answer at most `wait_s`, or end the run with the final flush). The communication side
+(atoll.live.comm) encodes and sends; it runs in a child process (`comm="process"`, what "auto"
+picks with 2 or more cores per learner process on this machine: no background thread competes
+for the training process's GIL) or in background threads (`comm="thread"`; measured +4 to +5%
+per step of the built-in model against +2.3% for the child process, BENCHMARKS.md). The two
+transports are atoll.live.learner.ports; what the sides say, atoll.live.learner.messages.
 
 If the syncer goes away, the communication side reconnects and *resumes*: the learner keeps
 its local progress when the syncer still holds its base versions, and heals (loads every global
-fragment) otherwise. The constructor blocks until the first heal: a learner never trains from
-its own initialisation. The inner optimizer is left alone (its state is kept across receipts,
-as in DiLoCo).
+fragment) otherwise. The constructor blocks until the first heal. The inner optimizer is left
+alone (its state is kept across receipts, as in DiLoCo).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -78,12 +69,6 @@ from atoll.wire import convert
 from atoll.wire.auth import load_secret
 
 
-def _median_ms(xs: deque[float]) -> float | None:
-    """Median of a few recent latencies, in ms (None if there are none)."""
-    vals = sorted(xs)
-    return round(1e3 * vals[len(vals) // 2], 3) if vals else None
-
-
 class Learner:
     def __init__(
         self,
@@ -111,13 +96,10 @@ class Learner:
         this machine has 2 or more cores per learner process on it, else "thread"; learners
         started together count each other, `comm_mode.learners_on_host`); see the module notes.
 
-        `switch_interval_s`: None (default) leaves the interpreter alone. A number is passed
-        to `sys.setswitchinterval` when the communication runs in threads ("thread", or what
-        "auto" picked), which changes it for the whole process. Those threads run Python
-        (protobuf, grpc's iterators); with Python's default 5 ms GIL switch interval the
-        training thread can wait that long each time it comes back from a torch op, so with
-        comm="thread" pass e.g. 2e-4 (0.2 ms: what `atoll learner` and the measurements use)
-        to bound that wait. Ignored with a child process (no competing threads)."""
+        `switch_interval_s`: with the communication in threads, passed to
+        `sys.setswitchinterval` (for the whole process): with Python's default 5 ms the training
+        thread can wait that long each time it comes back from a torch op; e.g. 2e-4, what
+        `atoll learner` uses. None (default): the interpreter is left alone."""
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
         # "auto": a child process with 2+ cores per learner process running on this machine
@@ -262,7 +244,8 @@ class Learner:
         """The `step` event: counters, and the bytes on the wire when measured."""
         wire = self._comm_status.wire or (None, None)
         step_time = self.proto.step_time.value if self.proto else None
-        latency = _median_ms(self.pull_latency_s)
+        lat = self.pull_latency_s  # the median of recent ones, in ms
+        latency = round(1e3 * statistics.median_high(lat), 3) if lat else None
         self.events.record(self.id, Step(
             self.incarnation, self.steps_done, self.tokens_done, step_time, self.pulls, latency,
             wire[0], wire[1],
