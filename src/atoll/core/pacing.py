@@ -33,6 +33,16 @@ from atoll.core.messages import Progress
 UPLOAD_FLOOR_S = 1.0  # an average upload below this is never called a link bottleneck
 
 
+def mean_step_time(prev: tuple[int, float] | None, steps: int, work_s: float, own: float) -> float:
+    """The mean time of the steps a report covers (the one rule, for the learner that reports
+    and the syncer that reads): the work (step-seconds) since the previous report `prev`
+    (its steps, work) over the steps since, when it covers more than one step and the work
+    grew; else the learner's `own` measure (one step, or a first report)."""
+    if prev is not None and steps - prev[0] > 1 and work_s > prev[1]:
+        return (work_s - prev[1]) / (steps - prev[0])
+    return own
+
+
 class PullRounds:
     def __init__(self, P: int) -> None:
         self.deadline = [math.inf] * P  # when the open pull of each fragment closes
@@ -50,10 +60,8 @@ class PullRounds:
         k = msg.step - (prev[0] if prev else 0)
         if k <= 0:
             return None
-        mean = msg.step_time  # the learner's own measure: one step, or its first report
         work = msg.work_s if math.isfinite(msg.work_s) else (prev[1] if prev else 0.0)
-        if prev is not None and k > 1 and work > prev[1]:
-            mean = (work - prev[1]) / k
+        mean = mean_step_time(prev, msg.step, work, msg.step_time)
         self.reported[msg.learner] = (msg.step, work)
         if not 0 < mean <= STEP_TIME_MAX:
             return None

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from atoll.core.messages import Progress
+from atoll.core.pacing import mean_step_time
 from atoll.live.comm.part import Part
 from atoll.live.comm.session import StepReports
 from atoll.live.learner.messages import FINAL_BEAT_S, PullReceived, StepState
@@ -41,14 +42,13 @@ class Control(Part):
 
     steps: StepReports
     # (steps, work_s) of the previous heartbeat
-    _last: tuple[int, float] = field(default=(0, 0.0), init=False)
+    _last: tuple[int, float] | None = field(default=None, init=False)  # the previous beat's
 
     # -- heartbeats ---------------------------------------------------------------------------
     def beat(self, st: StepState) -> pb.Beat:
         """A heartbeat carrying the learner's counters from step state `st`; its step time is
-        the mean of the steps since the previous beat (the learner's EMA before any)."""
-        k, work = st.steps - self._last[0], st.work_s - self._last[1]
-        step_time = work / k if k > 0 and self._last[0] > 0 and work > 0 else st.step_time
+        the mean of the steps since the previous beat (core/pacing.py's rule)."""
+        step_time = mean_step_time(self._last, st.steps, st.work_s, st.step_time)
         self._last = (st.steps, st.work_s)
         p = Progress(self.id, st.steps, step_time, time.time(), st.work_s)
         return convert.beat(self.id, self.o.incarnation, st.tokens, p)
