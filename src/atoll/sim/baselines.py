@@ -15,6 +15,8 @@ M * wall time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from atoll.config import SimConfig
@@ -22,7 +24,7 @@ from atoll.core import codec
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.model.data import ByteCorpus
 from atoll.model.recipe import load_corpus, new_model
-from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer
+from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
 from atoll.sim.world import (
     EvalPoints,
     FailureSchedule,
@@ -82,25 +84,60 @@ class _Failures:
         return best
 
 
-def _curve_points(curve: list, due: int, tokens: int, t: float, loss: float) -> None:
-    curve += [{"tokens": tokens, "time_s": t, "eval_loss": loss} for _ in range(due)]
+class _Run:
+    """What both baselines share: the checked settings, the workers (data streams, step
+    clocks, the shared failure schedule), the links, and the tally: virtual time `t`, worker
+    time spent useful, lost and down, tokens, the evaluation curve."""
 
+    def __init__(
+        self, cfg: SimConfig, corpus: ByteCorpus | None, progress: ProgressFn | None
+    ) -> None:
+        self.cfg = cfg = cfg.validate()
+        torch.set_num_threads(cfg.threads)
+        corpus = corpus if corpus is not None else load_corpus(cfg)
+        self.evaluate = Evaluator(cfg, corpus)
+        self.streams = [DataStream(cfg, corpus, i) for i in range(cfg.learners)]
+        self.clocks = [StepClock(cfg, i) for i in range(cfg.learners)]
+        self.failures = _Failures(cfg)
+        self.bw, self.lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
+        self.progress = progress
+        self.t = self.useful = self.lost = self.down = 0.0
+        self.tokens, self.budget = 0, cfg.token_budget()
+        self.curve: list[dict[str, float]] = []
+        self.eval_points = EvalPoints(self.budget, cfg.eval_points)
 
-def _workers(
-    cfg: SimConfig, corpus: ByteCorpus
-) -> tuple[list[DataStream], list[StepClock], _Failures]:
-    """Each worker's data stream and step clock, and the shared failure schedule."""
-    streams = [DataStream(cfg, corpus, i) for i in range(cfg.learners)]
-    clocks = [StepClock(cfg, i) for i in range(cfg.learners)]
-    return streams, clocks, _Failures(cfg)
+    def step_done(self, params: Callable[[], dict[str, torch.Tensor]]) -> None:
+        """After a step (data-parallel) or a round (DiLoCo): progress, and the held-out
+        evaluation of `params()` at each evaluation point the tokens have reached."""
+        if self.progress:
+            self.progress(min(self.tokens, self.budget), self.budget)
+        due = self.eval_points.due(self.tokens)
+        if due:
+            loss, t, tokens = self.evaluate(params()), self.t, self.tokens
+            self.curve += [{"tokens": tokens, "time_s": t, "eval_loss": loss} for _ in range(due)]
 
-
-def _prepare(cfg: SimConfig, corpus: ByteCorpus | None) -> tuple[SimConfig, ByteCorpus, Evaluator]:
-    """Checked settings, the corpus (the caller's if it has it, else read now), an evaluator."""
-    cfg = cfg.validate()
-    torch.set_num_threads(cfg.threads)
-    corpus = corpus if corpus is not None else load_corpus(cfg)
-    return cfg, corpus, Evaluator(cfg, corpus)
+    def result(self, name: str, method: str, sent: int, model_bytes: int, rounds: int) -> RunResult:
+        """The run's result: `sent` bytes each way in all, `rounds` all-reduces of all M."""
+        cfg, t = self.cfg, self.t
+        return RunResult(
+            name=name,
+            method=method,
+            eval_loss=self.curve[-1]["eval_loss"],
+            tokens=self.tokens,
+            wall_time_s=t,
+            goodput=self.useful / (cfg.learners * t),
+            bytes_up=sent,
+            bytes_down=sent,
+            dp_bytes=dp_equivalent_bytes(cfg, self.tokens, model_bytes),
+            rounds=rounds,
+            participants_mean=float(cfg.learners),
+            participants_hist={str(cfg.learners): rounds},
+            down_s=self.down,
+            lost_work_s=self.lost,
+            failures=self.failures.count,
+            curve=self.curve,
+            blocked_s=cfg.learners * t - self.useful - self.lost - self.down,
+        )
 
 
 def run_data_parallel(
@@ -109,65 +146,34 @@ def run_data_parallel(
     progress: ProgressFn | None = None,
     corpus: ByteCorpus | None = None,
 ) -> RunResult:
-    cfg, corpus, evaluate = _prepare(cfg, corpus)
+    run = _Run(cfg, corpus, progress)
+    cfg = run.cfg
     model = new_model(cfg)
     opt = new_inner_optimizer(model, cfg)
-    streams, clocks, failures = _workers(cfg, corpus)
     nbytes = 4 * sum(p.numel() for p in model.parameters())
-    bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
-    comm = ring_allreduce_time(nbytes, cfg.learners, bw, lat)
-    t = useful = lost = down = 0.0
-    tokens, budget, step = 0, cfg.token_budget(), 0
-    curve: list = []
-    eval_points = EvalPoints(budget, cfg.eval_points)
-    while tokens < budget:
-        times = [c.draw() for c in clocks]
+    comm = ring_allreduce_time(nbytes, cfg.learners, run.bw, run.lat)
+    step = 0
+    while run.tokens < run.budget:
+        times = [c.draw() for c in run.clocks]
         span = max(times) + comm
-        hit = failures.first_in(t, t + span)
+        hit = run.failures.first_in(run.t, run.t + span)
         if hit is not None:
             _, fail_at, back_at = hit
-            lost += sum(min(x, fail_at - t) for x in times)
-            down += cfg.learners * (back_at - fail_at)
-            t = back_at
+            run.lost += sum(min(x, fail_at - run.t) for x in times)
+            run.down += cfg.learners * (back_at - fail_at)
+            run.t = back_at
             continue
-        batches = [s.next() for s in streams]
+        batches = [s.next() for s in run.streams]
         x = torch.cat([b[0] for b in batches])
         y = torch.cat([b[1] for b in batches])
-        for g in opt.param_groups:
-            g["lr"] = inner_lr(cfg, step)
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, (x, y), inner_lr(cfg, step))
         step += 1
-        tokens += x.numel()
-        t += span
-        useful += sum(times)
-        if progress:
-            progress(min(tokens, budget), budget)
-        due = eval_points.due(tokens)
-        if due:
-            _curve_points(curve, due, tokens, t, evaluate(dict(model.named_parameters())))
-    per_worker = ring_allreduce_bytes(nbytes, cfg.learners)
-    return RunResult(
-        name=name,
-        method="data_parallel",
-        eval_loss=curve[-1]["eval_loss"],
-        tokens=tokens,
-        wall_time_s=t,
-        goodput=useful / (cfg.learners * t),
-        bytes_up=step * cfg.learners * per_worker,
-        bytes_down=step * cfg.learners * per_worker,
-        dp_bytes=dp_equivalent_bytes(cfg, tokens, nbytes),
-        rounds=step,
-        participants_mean=float(cfg.learners),
-        participants_hist={str(cfg.learners): step},
-        down_s=down,
-        lost_work_s=lost,
-        failures=failures.count,
-        curve=curve,
-        blocked_s=cfg.learners * t - useful - lost - down,
-    )
+        run.tokens += x.numel()
+        run.t += span
+        run.useful += sum(times)
+        run.step_done(lambda: dict(model.named_parameters()))
+    sent = step * cfg.learners * ring_allreduce_bytes(nbytes, cfg.learners)
+    return run.result(name, "data_parallel", sent, nbytes, step)
 
 
 def run_sync_diloco(
@@ -176,93 +182,60 @@ def run_sync_diloco(
     progress: ProgressFn | None = None,
     corpus: ByteCorpus | None = None,
 ) -> RunResult:
-    cfg, corpus, evaluate = _prepare(cfg, corpus)
+    run = _Run(cfg, corpus, progress)
+    cfg = run.cfg
     global_model = new_model(cfg)
     names = [n for n, _ in global_model.named_parameters()]
     theta = torch.cat([p.detach().reshape(-1) for p in global_model.parameters()])
     models = [new_model(cfg) for _ in range(cfg.learners)]
     opts = [new_inner_optimizer(m, cfg) for m in models]
-    streams, clocks, failures = _workers(cfg, corpus)
     outer = OuterOptimizer(cfg.outer, cfg.outer_lr, cfg.outer_momentum, cfg.outer_delay)
     ostate = OuterState()
-    bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
-    sent = 0
-    t = useful = lost = down = 0.0
-    tokens, budget, rounds, local_steps = 0, cfg.token_budget(), 0, 0
-    curve: list = []
-    eval_points = EvalPoints(budget, cfg.eval_points)
-    while tokens < budget:
-        remaining = -(-(budget - tokens) // (cfg.learners * cfg.batch * cfg.context))
+    sent = rounds = local_steps = 0
+
+    def params() -> dict[str, torch.Tensor]:  # the global model's, by name
+        return dict(zip(names, _unflatten(theta, global_model), strict=True))
+
+    while run.tokens < run.budget:
+        remaining = -(-(run.budget - run.tokens) // (cfg.learners * cfg.batch * cfg.context))
         h = min(cfg.H, remaining)
-        durations = [sum(c.draw() for _ in range(h)) for c in clocks]
-        finish = [t + d for d in durations]
+        durations = [sum(c.draw() for _ in range(h)) for c in run.clocks]
+        finish = [run.t + d for d in durations]
         # failures during the inner phase: that learner redoes its inner steps after recovery
         while True:
-            hit = failures.first_in(t, max(finish))
+            hit = run.failures.first_in(run.t, max(finish))
             if hit is None:
                 break
             i, fail_at, back_at = hit
             if fail_at >= finish[i]:  # failed while idle at the barrier: back before it closes
                 finish = [max(f, back_at) for f in finish]
-                down += back_at - fail_at
+                run.down += back_at - fail_at
                 continue
-            lost += fail_at - (finish[i] - durations[i])
-            down += back_at - fail_at
+            run.lost += fail_at - (finish[i] - durations[i])
+            run.down += back_at - fail_at
             finish[i] = back_at + durations[i]
-        for m in models:
-            with torch.no_grad():
-                for p, v in zip(
-                    m.parameters(), theta.split([q.numel() for q in m.parameters()]), strict=True
-                ):
-                    p.copy_(v.view_as(p))
         deltas, frame_bytes = [], 0
         for i, m in enumerate(models):
+            with torch.no_grad():
+                for p, v in zip(m.parameters(), _unflatten(theta, m), strict=True):
+                    p.copy_(v)
             for k in range(h):
-                x, y = streams[i].next()
-                for g in opts[i].param_groups:
-                    g["lr"] = inner_lr(cfg, local_steps + k)
-                loss = m(x, y)
-                loss.backward()
-                opts[i].step()
-                opts[i].zero_grad(set_to_none=True)
-                tokens += x.numel()
+                batch = run.streams[i].next()
+                train_step(m, opts[i], batch, inner_lr(cfg, local_steps + k))
+                run.tokens += batch[0].numel()
             local = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
             frame = codec.encode(theta - local, cfg.sync_codec, cfg.group)
             frame_bytes = max(frame_bytes, len(frame))
             deltas.append(codec.decode(frame))
         local_steps += h
-        per_worker = ring_allreduce_bytes(frame_bytes, cfg.learners)
-        sent += cfg.learners * per_worker
+        sent += cfg.learners * ring_allreduce_bytes(frame_bytes, cfg.learners)
         delta = torch.stack(deltas).mean(0)
         theta = outer.step(theta, delta, ostate)
-        useful += sum(durations)
-        t = max(finish) + ring_allreduce_time(frame_bytes, cfg.learners, bw, lat)
+        run.useful += sum(durations)
+        run.t = max(finish) + ring_allreduce_time(frame_bytes, cfg.learners, run.bw, run.lat)
         rounds += 1
-        if progress:
-            progress(min(tokens, budget), budget)
-        due = eval_points.due(tokens)
-        if due:
-            params = dict(zip(names, _unflatten(theta, global_model), strict=True))
-            _curve_points(curve, due, tokens, t, evaluate(params))
-    return RunResult(
-        name=name,
-        method="sync_diloco",
-        eval_loss=curve[-1]["eval_loss"],
-        tokens=tokens,
-        wall_time_s=t,
-        goodput=useful / (cfg.learners * t),
-        bytes_up=sent,
-        bytes_down=sent,
-        dp_bytes=dp_equivalent_bytes(cfg, tokens, 4 * theta.numel()),
-        rounds=rounds,
-        participants_mean=float(cfg.learners),
-        participants_hist={str(cfg.learners): rounds},
-        down_s=down,
-        lost_work_s=lost,
-        failures=failures.count,
-        curve=curve,
-        blocked_s=cfg.learners * t - useful - lost - down,
-    )
+        run.step_done(params)
+    return run.result(name, "sync_diloco", sent, 4 * theta.numel(), rounds)
 
 
 def _unflatten(flat: torch.Tensor, like: torch.nn.Module) -> list[torch.Tensor]:

@@ -99,16 +99,26 @@ def server_credentials(cert: str | None, key: str | None) -> grpc.ServerCredenti
     return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])
 
 
+# what both ends of a connection set (the syncer's server, a learner's channels): a keepalive
+# ping every 10 s, calls or not, and messages up to 64 MiB each way
+KEEPALIVE: list[tuple[str, object]] = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+MESSAGE_LIMITS: list[tuple[str, object]] = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
 def channel_options(name: str) -> list[tuple[str, object]]:
     """Keepalives, message limits, and a distinct option per channel so that the control and the
     bulk channel never share one TCP connection (control traffic stays off the bulk path)."""
     return [
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
+        *KEEPALIVE,
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        *MESSAGE_LIMITS,
         ("grpc.enable_retries", 0),
         # a syncer that restarts is back within seconds: try its address again at most every
         # 2 s (grpc's default backoff grows to 120 s, and a learner could miss the syncer's

@@ -21,16 +21,13 @@ from atoll.live.syncer.handlers import Handlers
 from atoll.live.syncer.runtime import SyncerOptions, SyncerRuntime
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire import convert
-from atoll.wire.auth import AuthInterceptor, server_credentials
+from atoll.wire.auth import KEEPALIVE, MESSAGE_LIMITS, AuthInterceptor, server_credentials
 
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    *KEEPALIVE,
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    *MESSAGE_LIMITS,
     # a connection that never completes its handshake (a port scan, a stuck client) or
     # holds no call for a minute is closed: idle sockets cannot use up the descriptors
     ("grpc.server_handshake_timeout_ms", 10_000),
