@@ -13,7 +13,7 @@ DEMO: dict[str, object] = {
     "steps": 500,
     "pace_s": 0.0,
     "speeds": "1,1,1,1.4",
-    "chaos": "kill:L1@25+3",
+    "chaos": "kill:L1@12+3",  # mid-run: training starts ~5 s in, ends ~25-30 s in (2 cores)
     "schedule": "pull",
     # K=1 with the grace window: the pull schedule keeps the slow and the restarted learner in
     # the same rounds as the others (on the push schedule K=1 diverged here, eval loss 23.3,
