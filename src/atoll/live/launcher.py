@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +81,21 @@ class _Proc:
 
 @dataclass
 class Launcher:
-    scfg: SimConfig
-    lcfg: LiveConfig
+    """`atoll run`: the syncer and the learners of one job, as processes of this machine. Each
+    child process gets the whole job (`to_args`), with the launcher's port and comm mode."""
+
+    job: JobConfig
     run_dir: Path
     quiet: bool = False
     procs: dict[str, _Proc] = field(default_factory=dict)
+
+    @property
+    def scfg(self) -> SimConfig:
+        return self.job.sim
+
+    @property
+    def lcfg(self) -> LiveConfig:
+        return self.job.live
 
     def __post_init__(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,8 +122,7 @@ class Launcher:
 
     def _argv(self, kind: str, index: int = 0, restart: int = 0) -> list[str]:
         comm = resolve_comm(self.lcfg.comm, self.scfg.learners)  # all learners on this machine
-        live = replace(self.lcfg, port=self.port, comm=comm)
-        settings = to_args(JobConfig.of(self.scfg, live))
+        settings = to_args(self.job.replace({"live": {"port": self.port, "comm": comm}}))
         base = [sys.executable, "-m", "atoll.cli", kind, *settings]
         auth = ["--run-id", self.run_id, "--secret-file", str(self.secret_path)]
         if kind == "syncer":

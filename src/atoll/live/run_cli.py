@@ -42,7 +42,7 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
             "a new run directory: this one already holds a run (tape/snapshot); "
             "pass --resume to continue that run, or choose another --out",
         )
-    summary = Launcher(job.sim, job.live, out, quiet=args.quiet).run()
+    summary = Launcher(job, out, quiet=args.quiet).run()
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim
 
