@@ -6,15 +6,20 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from atoll.live import Learner
+    from atoll.model.recipe import save_init
 
 
 def __getattr__(name: str) -> object:
-    # `atoll.Learner` without importing torch/grpc for every `import atoll`
+    # `atoll.Learner`, `atoll.save_init` without importing torch/grpc for every `import atoll`
     if name == "Learner":
         from atoll.live import Learner
 
         return Learner
+    if name == "save_init":
+        from atoll.model.recipe import save_init
+
+        return save_init
     raise AttributeError(f"module 'atoll' has no attribute {name!r}")
 
 
-__all__ = ["Learner", "__version__"]
+__all__ = ["Learner", "__version__", "save_init"]
