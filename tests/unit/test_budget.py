@@ -1,10 +1,11 @@
-"""The live syncer's run-level rules (atoll.core.budget): token budget and synchronized start."""
+"""The run-level rules (atoll.core.budget): the token budget, the syncer's side and a learner's,
+and the synchronized start."""
 
 from __future__ import annotations
 
 import pytest
 
-from atoll.core.budget import BeatAnswer, StartBarrier, TokenBudget
+from atoll.core.budget import BeatAnswer, BudgetShare, StartBarrier, TokenBudget
 
 
 def test_no_budget_never_stops_and_says_so():
@@ -42,3 +43,24 @@ def test_start_barrier_off_and_restored():
     assert StartBarrier(2, delay_s=1.0).joined(5.0, 2) == pytest.approx(6.0)
     # a restarted syncer keeps the start time an earlier process set
     assert StartBarrier(2, start_at=3.0).joined(50.0, 2) == pytest.approx(3.0)
+
+
+def test_a_learner_stops_at_its_share_of_what_was_left_counted_from_the_answer():
+    share = BudgetShare()
+    assert not share.spent(10**9)  # no answer yet: no budget known
+    share.answer(tokens=1000, remaining=300, live=3)  # 100 tokens are this learner's
+    assert not share.spent(1099) and share.spent(1100)
+    share.answer(tokens=1100, remaining=0, live=0)  # nothing left (live counted as 1)
+    assert share.spent(1100)
+
+
+def test_a_learner_stops_when_the_syncer_says_so_and_its_state_round_trips():
+    share = BudgetShare()
+    share.answer(tokens=10, remaining=50, live=2)
+    again = BudgetShare()
+    again.load_state_dict(share.state_dict())
+    assert again == share and not again.spent(34) and again.spent(35)
+    share.stop()
+    assert share.spent(0)
+    again.load_state_dict(share.state_dict())
+    assert again.stopped

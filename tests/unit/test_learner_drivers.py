@@ -295,3 +295,21 @@ def test_one_script_gives_the_same_sends_and_parameters_under_both_drivers():
     assert l_applied == v_applied
     for name, value in v_params.items():
         assert torch.equal(l_params[name], value), name
+
+
+def test_a_budget_answer_that_comes_before_the_first_heal_is_kept():
+    """The syncer answers heartbeats sent while the learner waits for its first heal: its
+    share of the budget counts once the learner trains (here: one step of it)."""
+    sim = DecoupledSim(CFG)
+    plan = sim.plan
+    init = [plan.flatten(dict(sim.learners[0].model.named_parameters()), p) for p in range(3)]
+    heal = _script(plan, init)[0][1]
+    port = ScriptedPort()
+    welcome = convert.welcome(plan, CFG.learner_config(), "epoch-1", True, 1 << 16, 1 << 24)
+    answer = CommStatus(seq=1, budget=(0, 2 * TOKENS, 2))  # TOKENS left to each of 2
+    port.now += [answer, Welcomed(welcome.SerializeToString()), HealReceived(heal)]
+    learner = ScriptedLearner(port, new_model(CFG))
+    assert not learner.should_stop
+    learner.step(TOKENS)
+    assert learner.should_stop and learner.proto.phase is Phase.DONE
+    assert [o.fragment for _, o in port.sent] == [0, 1, 2]  # the final flush

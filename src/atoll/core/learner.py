@@ -2,7 +2,7 @@
 
 It owns no model and no socket. A driver tells it: a local step finished (`on_step`), a message
 arrived (`on_heal`, `on_update`, `on_pull`, `on_refused`, `on_welcome`), the syncer's answer to
-a heartbeat (`on_budget`, `request_stop`), and asks it, at every step boundary, what to do
+a heartbeat (`budget.answer`, `request_stop`), and asks it, at every step boundary, what to do
 (`boundary`: the sends, the events, and whether to wait and for how long, or that its run is
 over). It applies due global fragments to the parameter tensors it was given, at step
 boundaries only. Both drivers (atoll.sim.decoupled, atoll.live.learner.api) make these calls
@@ -43,7 +43,7 @@ from atoll.core.learner_types import (
     Phase,
     supersede,
 )
-from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Progress, Pull, Send
+from atoll.core.messages import Action, FragmentUpdate, Heal, Outgoing, Progress, Pull, Send
 from atoll.core.receipt import receive
 
 __all__ = ["Boundary", "HealRequest", "LearnerConfig", "LearnerProtocol", "Phase", "supersede"]
@@ -57,9 +57,12 @@ class LearnerProtocol:
         params: Mapping[str, torch.Tensor],
         config: LearnerConfig | None = None,
         flat: FlatFragments | None = None,
+        budget: BudgetShare | None = None,
     ) -> None:
         """`flat`: the parameters laid out per fragment (`FlatFragments`), so that taking and
-        writing a fragment is one op; None: per-tensor copies through the plan."""
+        writing a fragment is one op; None: per-tensor copies through the plan. `budget`: its
+        side of the run's token budget, which a driver may have fed before the protocol
+        existed (the syncer's answers to heartbeats sent before the first heal)."""
         self.id = learner_id
         self.plan = plan
         self.params = params
@@ -81,7 +84,7 @@ class LearnerProtocol:
         self.pulled: set[int] = set()
         self.phase = Phase.JOINING
         self.wait_since = 0.0  # when the current wait began (WAITING)
-        self.budget = BudgetShare()  # its side of the run's token budget
+        self.budget = budget if budget is not None else BudgetShare()
 
     @property
     def healed(self) -> bool:
@@ -166,7 +169,7 @@ class LearnerProtocol:
     def on_refused(self, now: float, fragment: int, reason: str, action: str) -> list:
         """The syncer refused a contribution: an event, and a heal when that is its answer."""
         out: list = [Event(now, self.id, PushRefused(fragment, reason))]
-        if action == "heal":
+        if action == Action.HEAL:
             out.append(Send("syncer", HealRequest(reason)))
         return out
 
@@ -181,10 +184,6 @@ class LearnerProtocol:
         return self.take_pulled(now) if self.phase is Phase.WAITING else []
 
     # -- the token budget and the end of the run --------------------------------------------
-    def on_budget(self, tokens: int, remaining: int, live: int) -> None:
-        """The syncer's answer to a heartbeat that carried `tokens` (core/budget.py)."""
-        self.budget.answer(tokens, remaining, live)
-
     def request_stop(self) -> None:
         """The syncer says the run's token budget is spent."""
         self.budget.stop()

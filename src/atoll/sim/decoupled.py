@@ -302,11 +302,10 @@ class DecoupledSim:
         if learner.phase is Phase.DONE or self.stopping:
             return
         lost = learner.proto.unsent_work() + sum(learner.inflight.values())
-        self.events += learner.proto.on_down(now)
+        self._died(now, learner)  # (a wait it was in ends before it fails)
         self.failures += 1
         learner.down_since = now
         self.events.append(Event(now, learner.id, Failed(lost)))
-        self._died(now, learner)
         if not self.faults.syncer_down:
             self.syncer_outputs(now, self.syncer.on_lost(now, learner.id))
         self.push(now + downtime, "recover", learner.id, learner.incarnation)

@@ -41,8 +41,8 @@ class Control(Part):
     """The beat and ctl threads, on the control channel."""
 
     steps: StepReports
-    # (steps, work_s) of the previous heartbeat
-    _last: tuple[int, float] | None = field(default=None, init=False)  # the previous beat's
+    # the previous heartbeat's (steps, work_s)
+    _last: tuple[int, float] | None = field(default=None, init=False)
 
     # -- heartbeats ---------------------------------------------------------------------------
     def beat(self, st: StepState) -> pb.Beat:

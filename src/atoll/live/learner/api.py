@@ -37,6 +37,7 @@ from collections import deque
 import torch
 
 from atoll.core import codec
+from atoll.core.budget import BudgetShare
 from atoll.core.events import CommFatal, Event, FinalBeatLost, Step, Training
 from atoll.core.fragments import FlatFragments
 from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
@@ -128,7 +129,7 @@ class Learner:
         self.pulls = 0
         self.pull_latency_s: deque[float] = deque(maxlen=256)  # syncer's send -> comm side
         self._connected = False
-        self._answers: list[CommStatus] = []  # the syncer's answers before the protocol exists
+        self.budget = BudgetShare()  # the syncer's answers feed it from the first heartbeat
         self._epoch = ""  # the syncer's, from its newest Welcome
         self._submitted = 0
         self._comm_status = CommStatus()
@@ -177,12 +178,9 @@ class Learner:
                     cfg = dataclasses.replace(cfg, max_wait_s=self.wait_s)
                     plan.check_params(self.params)
                     flat = FlatFragments(plan, self.params)  # one op per fragment taken or set
-                    self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat)
+                    self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat, self.budget)
                     self.port.layout([f.numel for f in plan.fragments])
                     self._apply_heal(heal)
-                    for st in self._answers:
-                        self._status(st)
-                    self._answers.clear()
                     return
         self.close()
         raise TimeoutError(f"no heal from the syncer at {self.address} within {timeout:.0f} s")
@@ -292,14 +290,10 @@ class Learner:
             self._handle(item)
 
     def _status(self, st: CommStatus) -> None:
-        proto = self.proto
-        if proto is None:
-            self._answers.append(st)  # given to the protocol once it exists
-        else:
-            if st.stop:
-                proto.request_stop()
-            if st.budget is not None:
-                proto.on_budget(*st.budget)
+        if st.stop:
+            self.budget.stop()
+        if st.budget is not None:
+            self.budget.answer(*st.budget)
         if st.seq < self._comm_status.seq:
             return  # an older snapshot that overtook a newer one: keep the newer counters
         self._comm_status = st
