@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
+    args._argv = list(argv)  # the command line itself (an island's learner runs it again)
     try:
         return int(args._module.main(args) or 0)
     except ConfigError as exc:

@@ -213,7 +213,7 @@ def test_live_options_are_built_from_the_job(tmp_path):
     assert kw["shape_mbps"] == 2.5 and kw["wait_s"] == job.live.wait_s
     from atoll.live.learner import Learner
 
-    assert set(kw) <= set(inspect.signature(Learner).parameters)
+    assert set(kw) <= set(inspect.signature(Learner.__init__).parameters)
 
 
 def test_sim_config_is_the_flat_view_of_the_sections():

@@ -43,9 +43,19 @@ class LiveConfig:
     warm_spares: bool = True
     max_wall_s: float = 900.0
     eval: bool = True
+    # ranks per built-in learner: an island of N processes under torchrun (DDP inside, rank 0
+    # talks to the syncer); one number, or one per learner ("1,2": mixed hardware)
+    island_size: str = "1"
 
     def shape_factors(self, learners: int) -> list[float]:
         return _per_learner("shape_mbps", self.shape_mbps, learners, allow_zero=True)
+
+    def island_sizes(self, learners: int) -> list[int]:
+        """Ranks of each learner's island (`island_size`)."""
+        sizes = _per_learner("island_size", self.island_size, learners)
+        if any(s != int(s) for s in sizes):
+            raise ConfigError("island_size", self.island_size, "whole numbers of ranks >= 1")
+        return [int(s) for s in sizes]
 
     def validate(self) -> LiveConfig:
         if not 0 <= self.port < 65536:

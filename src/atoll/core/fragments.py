@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -138,14 +139,25 @@ class FragmentPlan:
 
 
 def _movable(t: torch.Tensor, device: torch.device) -> bool:
-    """A float32 tensor on `device` that alone owns its storage, contiguous."""
+    """A plain float32 tensor on `device` that alone owns its storage, contiguous (not a
+    tensor subclass, such as FSDP2's sharded DTensor)."""
     return (
-        t.dtype == torch.float32
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.dtype == torch.float32
         and t.device == device
         and t.is_contiguous()
         and t.storage_offset() == 0
         and t.untyped_storage().nbytes() == 4 * t.numel()
     )
+
+
+class FragmentStore(Protocol):
+    """Where a learner's protocol reads (`flatten`) and writes (`assign`) fragment values:
+    `FlatFragments`, or an island's collective version (atoll.live.learner.island)."""
+
+    def flatten(self, p: int, copy: bool = True) -> torch.Tensor: ...
+
+    def assign(self, p: int, flat: torch.Tensor) -> None: ...
 
 
 class FlatFragments:
@@ -192,6 +204,11 @@ class FlatFragments:
             self.flat[p] = None  # the parameters moved: per-tensor path from now on
             return None
         return buf
+
+    def holds(self, p: int) -> bool:
+        """Whether fragment p's parameters live in its buffer (`flatten(p, copy=False)` is
+        then the buffer itself)."""
+        return self._buffer(p) is not None
 
     def flatten(self, p: int, copy: bool = True) -> torch.Tensor:
         """Fragment p as one flat float32 vector: a copy, or with `copy=False` the buffer

@@ -33,7 +33,7 @@ from atoll.core import codec
 from atoll.core.budget import BudgetShare
 from atoll.core.counters import FragmentCounters
 from atoll.core.events import Applied, Blocked, Event, Healed, HealNeeded, PushRefused
-from atoll.core.fragments import FlatFragments, FragmentPlan
+from atoll.core.fragments import FragmentPlan, FragmentStore
 from atoll.core.grace import EMA
 from atoll.core.learner_types import (
     Boundary,
@@ -56,11 +56,12 @@ class LearnerProtocol:
         plan: FragmentPlan,
         params: Mapping[str, torch.Tensor],
         config: LearnerConfig | None = None,
-        flat: FlatFragments | None = None,
+        flat: FragmentStore | None = None,
         budget: BudgetShare | None = None,
     ) -> None:
-        """`flat`: the parameters laid out per fragment (`FlatFragments`), so that taking and
-        writing a fragment is one op; None: per-tensor copies through the plan. `budget`: its
+        """`flat`: where fragment values are read and written (`FlatFragments`: the parameters
+        laid out per fragment, one op each; an island's collective store); None: per-tensor
+        copies through the plan. `budget`: its
         side of the run's token budget, which a driver may have fed before the protocol
         existed (the syncer's answers to heartbeats sent before the first heal)."""
         self.id = learner_id
@@ -97,10 +98,11 @@ class LearnerProtocol:
         return self.counters.total_tokens
 
     def _flatten(self, p: int, copy: bool = True) -> torch.Tensor:
-        """Fragment p of the parameters, flat; `copy=False` may return the live buffer."""
-        if self.flat is not None:
-            return self.flat.flatten(p, copy)
-        return self.plan.flatten(self.params, p)
+        """Fragment p of the parameters, flat, on the CPU (where the global values are);
+        `copy=False` may return the live buffer of CPU parameters."""
+        flat = self.flat
+        t = flat.flatten(p, copy) if flat is not None else self.plan.flatten(self.params, p)
+        return t if t.device.type == "cpu" else t.cpu()
 
     def _assign(self, p: int, value: torch.Tensor) -> None:
         if self.flat is not None:

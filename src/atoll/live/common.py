@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import signal
 
 from atoll.config import add_set_argument
 
@@ -23,3 +25,14 @@ def add_auth_arguments(p: argparse.ArgumentParser) -> None:
         help="file holding the run's shared secret (default: the ATOLL_SECRET environment "
         "variable; never pass the secret itself on the command line)",
     )
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """This process gets `sig` when its parent dies (Linux PR_SET_PDEATHSIG; elsewhere
+    nothing): a supervised child, or an island's rank under a torchrun agent, does not outlive
+    what started it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

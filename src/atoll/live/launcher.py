@@ -20,7 +20,6 @@ get SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process is lef
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import secrets
@@ -50,20 +49,13 @@ from atoll.errors import EXIT_STORE, RunError, restore_hint
 from atoll.eventlog import EventLog, load_events, read_events
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
+from atoll.live.common import die_with_parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -110,6 +102,7 @@ class Launcher:
         self.address = f"{self.lcfg.host}:{self.port}"
         n = self.scfg.learners
         self.lcfg.shape_factors(n)  # a bad per-learner value stops here, not in a learner
+        self.islands = self.lcfg.island_sizes(n)
         spec = self.lcfg.chaos or self.scfg.scenario  # one scenario key drives both drivers
         scenario = chaos.load(spec, self.lcfg.restart_delay_s).validate(n)
         self.chaos = scenario.timeline(n, self.lcfg.max_wall_s, self.lcfg.chaos_seed)
@@ -151,7 +144,7 @@ class Launcher:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
 
@@ -235,7 +228,9 @@ class Launcher:
         spares = False  # warm spares, for a scenario that kills learners
         # one for each learner the scenario kills (their targets are drawn already)
         spare_for = (
-            {f.target for f in chaos if f.kind == "kill"} if self.lcfg.warm_spares else set()
+            {f.target for f in chaos if f.kind == "kill"}
+            if self.lcfg.warm_spares and max(self.islands) == 1  # an island starts torchrun
+            else set()
         )
         try:
             while True:

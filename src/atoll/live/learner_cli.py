@@ -1,10 +1,15 @@
-"""`atoll learner`: one learner process training the built-in model, synced over gRPC."""
+"""`atoll learner`: one learner training the built-in model, synced over gRPC: one process,
+or an island of ranks under torchrun (`--nproc`, or the `island_size` setting; DDP inside,
+rank 0 talks to the syncer: atoll.live.learner.island)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
+from atoll.errors import ConfigError
 from atoll.live.common import add_auth_arguments, add_config_arguments
 
 
@@ -27,6 +32,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-steps", type=int, default=0, help="stop after this many local steps (0: budget)"
     )
+    isl = p.add_argument_group("islands (torchrun)")
+    isl.add_argument(
+        "--nproc", type=int, help="ranks of this island on this host (default: island_size)"
+    )
+    isl.add_argument("--nnodes", type=int, default=1, help="hosts of this island")
+    isl.add_argument(
+        "--rdzv-endpoint", default="", help="with --nnodes > 1: host:port of the c10d rendezvous"
+    )
+    isl.add_argument(
+        "--max-restarts", type=int, default=0, help="torchrun restarts the island's ranks"
+    )
+
+
+def _torchrun(args: argparse.Namespace, nproc: int, learner_id: str) -> None:
+    """Run this same command as an island: torchrun, which starts `nproc` ranks of it here
+    (each finds itself under torchrun and trains). Replaces this process (same pid)."""
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise ConfigError("--rdzv-endpoint", "''", "host:port of the rendezvous when --nnodes > 1")
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    argv += [f"--nnodes={args.nnodes}", f"--max-restarts={args.max_restarts}"]
+    if args.nnodes > 1:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
+        argv += [f"--rdzv-id={args.run_id}-{learner_id}"]
+    else:
+        argv += ["--standalone"]
+    sys.stdout.flush()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.execv(sys.executable, [*argv, "-m", "atoll.cli", *args._argv])
+
+
+def _join_island(nproc: int, nnodes: int) -> int:
+    """A rank under torchrun: joins the island's process group; its rank."""
+    import signal
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from atoll.live.common import die_with_parent
+
+    die_with_parent(signal.SIGKILL)  # a rank does not outlive its torchrun agent
+    world = int(os.environ["WORLD_SIZE"])
+    if world != nproc * nnodes:
+        raise ConfigError("WORLD_SIZE", world, f"--nproc x --nnodes = {nproc * nnodes}")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    # a syncer away longer than this fails the island's collectives (it then restarts)
+    dist.init_process_group(backend, timeout=timedelta(minutes=30))
+    return dist.get_rank()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -37,7 +92,6 @@ def main(args: argparse.Namespace) -> int:
 
     from atoll.config import load_job
     from atoll.config.options import learner_options
-    from atoll.errors import ConfigError
     from atoll.live.learner import Learner
     from atoll.model.recipe import load_corpus, new_model
     from atoll.model.train import DataStream, inner_lr, new_inner_optimizer, train_step
@@ -48,6 +102,13 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.index < scfg.learners:
         raise ConfigError("--index", args.index, f"an integer in [0, learners={scfg.learners})")
     lid = args.id or f"L{args.index}"
+    nproc = args.nproc or lcfg.island_sizes(scfg.learners)[args.index]
+    if nproc < 1 or args.nnodes < 1:
+        raise ConfigError("--nproc/--nnodes", f"{nproc}/{args.nnodes}", "integers >= 1")
+    under_torchrun = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+    if nproc * args.nnodes > 1 and not under_torchrun:
+        _torchrun(args, nproc, lid)  # does not return
+    rank = _join_island(nproc, args.nnodes) if under_torchrun else 0
     slowdown = scfg.speed_factors()[args.index]
     stop = {"now": False}
 
@@ -64,6 +125,11 @@ def main(args: argparse.Namespace) -> int:
         corpus = load_corpus(scfg)
     model = new_model(scfg)  # overwritten by the heal: the syncer's values are used
     opt = new_inner_optimizer(model, scfg)
+    step_model: torch.nn.Module = model
+    if under_torchrun:  # the island's ranks average their gradients every step
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(model)
     data = DataStream(scfg, corpus, args.index)
     if args.standby is not None:  # a warm spare: everything is loaded; wait to be needed
         x, y = data.next()
@@ -73,7 +139,8 @@ def main(args: argparse.Namespace) -> int:
                 return 130
             time.sleep(0.02)
         args.restart = int(args.standby.read_text())
-    data.gen.manual_seed(scfg.seed * 1000 + args.index + 7919 * args.restart)
+    # each restart, and each rank of an island, draws its own batches from the learner's shard
+    data.gen.manual_seed(scfg.seed * 1000 + args.index + 7919 * args.restart + 104729 * rank)
     learner = Learner(
         model,
         opt,
@@ -90,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
         **learner_options(job, args.index),  # wait_s, shape_mbps, heartbeat_s, comm
     )
     start = time.time()
-    if lcfg.start_barrier and args.restart == 0:
+    if lcfg.start_barrier and args.restart == 0 and rank == 0:
         start = _start_time(args, learner, stop)
     limit = args.max_steps or 4 * scfg.steps * scfg.learners
     period = lcfg.pace_s * slowdown
@@ -98,11 +165,11 @@ def main(args: argparse.Namespace) -> int:
     # a restarted learner goes on with the run's learning-rate schedule, where the run is
     # (its average learner's step), not from the warmup again: with a learner killed every
     # minute, restarted schedules cost 11% of eval loss in a 14-minute soak
-    offset = _run_steps(args, learner, scfg) if args.restart > 0 else 0
+    offset = _run_steps(args, scfg, nproc * args.nnodes) if args.restart > 0 else 0
     while not stop["now"] and not learner.should_stop and local < limit:
         t0 = time.perf_counter()
         batch = data.next()
-        train_step(model, opt, batch, inner_lr(scfg, offset + local))
+        train_step(step_model, opt, batch, inner_lr(scfg, offset + local))
         local += 1
         if period > 0:  # paced: step k ends on the grid start + k*period
             time.sleep(max(start + local * period - time.time(), 0.0))
@@ -116,16 +183,19 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_steps(args: argparse.Namespace, learner: object, scfg: object) -> int:
+def _run_steps(args: argparse.Namespace, scfg: object, ranks: int) -> int:
     """The run's progress in steps of one learner: tokens trained so far (the syncer's
-    count) over every learner's tokens per step; 0 if the syncer does not answer."""
+    count) over every learner's tokens per step (an island's: `ranks` batches); 0 if the
+    syncer does not answer."""
     from atoll.live.client import status
+    from atoll.wire.auth import load_secret
 
     try:
-        st = status(args.syncer, args.run_id, learner.secret, 2.0, args.tls_ca)
+        secret = load_secret(args.secret_file)
+        st = status(args.syncer, args.run_id, secret, 2.0, args.tls_ca)
     except Exception:  # noqa: BLE001 - the syncer may be restarting: start the schedule over
         return 0
-    return int(st.tokens // max(scfg.learners * scfg.batch * scfg.context, 1))
+    return int(st.tokens // max(scfg.learners * scfg.batch * scfg.context * ranks, 1))
 
 
 def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:

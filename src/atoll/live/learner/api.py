@@ -33,18 +33,29 @@ import sys
 import time
 import uuid
 from collections import deque
+from typing import Any
 
 import torch
 
 from atoll.core import codec
 from atoll.core.budget import BudgetShare
 from atoll.core.events import CommFatal, Event, FinalBeatLost, Step, Training
-from atoll.core.fragments import FlatFragments
+from atoll.core.fragments import FlatFragments, FragmentPlan, FragmentStore
 from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
 from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
 from atoll.live.comm_mode import learners_on_host, resolve_comm
+from atoll.live.learner.island import (
+    END,
+    Island,
+    IslandMember,
+    Leading,
+    is_member,
+    is_sharded,
+    island_group,
+    unwrap,
+)
 from atoll.live.learner.messages import (
     FINAL_BEAT_S,
     BeatDone,
@@ -71,6 +82,13 @@ from atoll.wire.auth import load_secret
 
 
 class Learner:
+    def __new__(cls, *args: Any, group: Any = None, **kwargs: Any) -> Learner:
+        """A rank of a torch.distributed island other than its rank 0 is an `IslandMember`
+        (atoll.live.learner.island); rank 0, or a process alone, is a `Learner`."""
+        if cls is Learner and is_member(group):  # not a Learner: no __init__ runs after this
+            return IslandMember(*args, group=group, **kwargs)  # type: ignore[return-value]
+        return object.__new__(cls)
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -90,8 +108,14 @@ class Learner:
         comm: str = "auto",
         switch_interval_s: float | None = None,
         faults_file: str | None = None,
+        group: Any = None,
     ) -> None:
         """Join the syncer at `syncer` ("host:port") and block until healed from it.
+
+        `group`: a torch.distributed process group of 2 or more ranks makes this learner an
+        island (every rank calls `Learner` the same way; rank 0 talks to the syncer; see
+        atoll.live.learner.island). None: the default group when torch.distributed is
+        initialised with 2 or more ranks, else one process.
 
         `comm`: where the communication runs, "process", "thread" or "auto" ("process" when
         this machine has 2 or more cores per learner process on it, else "thread"; learners
@@ -103,6 +127,10 @@ class Learner:
         `atoll learner` uses. None (default): the interpreter is left alone."""
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
+        self.island = Island(group) if island_group(group) is not None else None
+        if self.island is not None:  # its talking rank (the other ranks: IslandMember)
+            model = unwrap(model)
+            self.island.check_same(dict(model.named_parameters()))
         # "auto": a child process with 2+ cores per learner process running on this machine
         comm = resolve_comm(comm, learners_on_host() if comm == "auto" else 1)
         if comm == "thread" and switch_interval_s is not None:
@@ -147,10 +175,30 @@ class Learner:
             heartbeat_s=heartbeat_s,
             events_path=str(self.events.path) if self.events.path else None,
             faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
-            digests=tuple((n, codec.digest(p)) for n, p in self.params.items()),
+            digests=tuple(
+                (n, d) for n, p in self.params.items() if (d := self._digest_of(p)) is not None
+            ),
         )
-        self.port = self._open_port(comm, opts)
-        self._await_first_heal(connect_timeout_s)
+        with Leading(self.island):
+            self.port = self._open_port(comm, opts)
+            self._await_first_heal(connect_timeout_s)
+        self._island_end()
+
+    def _digest_of(self, t: torch.Tensor) -> bytes | None:
+        """A parameter's digest for the first heal (None for a shard: that fragment heals)."""
+        return None if is_sharded(t) else codec.digest(t)
+
+    def _fragments(self, plan: FragmentPlan) -> FragmentStore:
+        """Where the protocol reads and writes fragment values: one op per fragment (on an
+        island's talking rank, on every rank)."""
+        if self.island is not None:
+            return self.island.fragments(plan, self.params)
+        return FlatFragments(plan, self.params)
+
+    def _island_end(self, stop: bool = False) -> None:
+        """On an island's talking rank: the other ranks go on (and stop, with `stop`)."""
+        if self.island is not None:
+            self.island.send(END, arg=int(stop))
 
     def _open_port(self, comm: str, opts: CommOptions) -> Port:
         """The communication side: a child process or threads of this one."""
@@ -177,7 +225,7 @@ class Learner:
                     cfg = convert.learner_config_from_welcome(welcome, block=True)
                     cfg = dataclasses.replace(cfg, max_wait_s=self.wait_s)
                     plan.check_params(self.params)
-                    flat = FlatFragments(plan, self.params)  # one op per fragment taken or set
+                    flat = self._fragments(plan)
                     self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat, self.budget)
                     self.port.layout([f.numel for f in plan.fragments])
                     self._apply_heal(heal)
@@ -216,7 +264,15 @@ class Learner:
     def step(self, tokens: int) -> None:
         """Call after every inner optimizer step. Applies received global fragments (at this
         step boundary), hands over the contributions now due, and returns; it does no network
-        I/O and no encoding."""
+        I/O and no encoding. On an island's talking rank, `tokens` is this rank's: the
+        island's step counts every rank's."""
+        if self.island is not None:
+            tokens = self.island.total(tokens)
+        with Leading(self.island):
+            self._step(tokens)
+        self._island_end(self.should_stop)
+
+    def _step(self, tokens: int) -> None:
         proto = self.proto
         assert proto is not None, "learner is closed"
         now = time.time()
@@ -339,6 +395,11 @@ class Learner:
         """Send every fragment's remaining work once, wait (bounded: `timeout` seconds once
         connected) for it to be merged, close. A syncer that is away (restarting) is waited
         for up to `away_s` seconds: the work trained meanwhile is merged when it is back."""
+        with Leading(self.island):
+            self._finish(timeout, away_s)
+        self._island_end(True)
+
+    def _finish(self, timeout: float, away_s: float) -> None:
         proto = self.proto
         if proto is not None and proto.healed:
             self._drain()

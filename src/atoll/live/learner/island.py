@@ -1,0 +1,323 @@
+"""Learner islands: one learner that is a torch.distributed job (torchrun; DDP or FSDP2 inside).
+
+    torchrun --nproc-per-node 2 train.py      # in train.py, on every rank:
+        dist.init_process_group("gloo")       # (NCCL on GPUs)
+        ddp = DistributedDataParallel(model)
+        learner = atoll.Learner(model, opt, syncer="host:7070", learner_id="site-a")
+        for batch in data:                    # each rank its own batches
+            ...; learner.step(tokens=batch_tokens)
+            if learner.should_stop: break
+        learner.finish()
+
+`atoll.Learner` on a rank of an initialised process group of 2 or more ranks (`group=`, or the
+default group) is one of the island's roles:
+
+- rank 0 of the group, the *talking rank*, is an ordinary `Learner` (one comm side, one syncer
+  connection, one learner id) with an `Island`: its parameter reads and writes go through
+  `IslandFragments`, and each of its steps sums the island's tokens and ends with `END`;
+- every other rank is an `IslandMember`: it holds no protocol and no connection, and at each
+  step boundary does what the talking rank tells it.
+
+What crosses the group, per step: one all-reduce of the step's tokens (the island's token
+count covers every rank; ranks of unequal batches are counted as they are), then commands
+broadcast by the talking rank until `END` (which carries the stop flag, so every rank stops at
+the same step). A command is three integers: `SCATTER p` (a global fragment was written: the
+talking rank broadcasts its flat buffer, each rank writes it into its parameters; for FSDP2's
+sharded parameters, `distribute_tensor` hands each rank its shard), `GATHER p` (the protocol
+reads fragment p, and it holds sharded parameters: every rank joins `full_tensor()`), `PLAN`
+(the fragment layout, once, after the first Welcome), `ABORT` (the talking rank failed: every
+rank raises). Replicated parameters (DDP) are equal on every rank after each optimizer step,
+so reading them needs no command: the talking rank reads its own.
+
+A rank that dies takes the island down: the next collective fails on every other rank, each
+process exits, and torchrun's elastic restart (`--max-restarts`) or atoll's supervisor starts
+the island again; it rejoins as one learner, as any failed learner does (a new incarnation of
+the same learner id, healed from the syncer).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from atoll.core.fragments import FlatFragments, FragmentPlan
+from atoll.errors import ConfigError
+
+PLAN, GATHER, SCATTER, END, ABORT = 1, 2, 3, 4, 5
+
+
+class IslandError(RuntimeError):
+    """The island cannot go on (its talking rank failed); every rank raises it."""
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """A DTensor (FSDP2's parameters): each rank holds a shard of it."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under a DistributedDataParallel wrapper (the syncer knows the model's own
+    parameter names, not `module.`-prefixed ones)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def island_group(group: Any = None) -> Any:
+    """The process group of the island this process is a rank of, or None (one process).
+
+    `group` given: that group. Otherwise the default group when torch.distributed is
+    initialised. Under torchrun (WORLD_SIZE > 1 in the environment) without an initialised
+    group, the ranks would each train alone: that stops here."""
+    if group is None:
+        if dist.is_available() and dist.is_initialized():
+            group = dist.group.WORLD
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ConfigError(
+                "WORLD_SIZE",
+                os.environ["WORLD_SIZE"],
+                "torch.distributed initialised before atoll.Learner (init_process_group, "
+                "with DDP or FSDP2 over the ranks), or group= given",
+            )
+        else:
+            return None
+    return group if dist.get_world_size(group) > 1 else None
+
+
+def is_member(group: Any = None) -> bool:
+    """Whether this process is a rank of an island other than its talking rank."""
+    g = island_group(group)
+    return g is not None and dist.get_rank(g) != 0
+
+
+class Island:
+    """The island's process group, as the learner roles use it."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = island_group(group)
+        if self.group is None:
+            raise ConfigError("group", group, "a process group of 2 or more ranks")
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+        self.leader = dist.get_global_rank(self.group, 0)
+        nccl = dist.get_backend(self.group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        self._cmd = torch.zeros(3, dtype=torch.int64, device=self.device)
+
+    def send(self, cmd: int, p: int = 0, *, arg: int = 0) -> None:
+        """A command from the talking rank to every other rank."""
+        self._cmd[0], self._cmd[1], self._cmd[2] = cmd, p, arg
+        dist.broadcast(self._cmd, self.leader, group=self.group)
+
+    def receive(self) -> tuple[int, int, int]:
+        dist.broadcast(self._cmd, self.leader, group=self.group)
+        cmd, p, arg = self._cmd.tolist()
+        return cmd, p, arg
+
+    def broadcast(self, t: torch.Tensor) -> None:
+        dist.broadcast(t, self.leader, group=self.group)
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, self.leader, group=self.group, device=self.device)
+        return box[0]
+
+    def total(self, n: int) -> int:
+        """The sum over the island's ranks of `n` (this step's tokens)."""
+        t = torch.tensor([n], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, group=self.group)
+        return int(t.item())
+
+    def fragments(self, plan: FragmentPlan, params: Mapping[str, torch.Tensor]) -> IslandFragments:
+        """The talking rank's store for `plan` (the other ranks get the plan: PLAN)."""
+        self.send(PLAN)
+        self.broadcast_object(plan)
+        return IslandFragments(plan, params, self)
+
+    def check_same(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Every rank's parameters have the talking rank's names and shapes (a rank that
+        built another model stops the island here, before it joins)."""
+        mine = [(n, tuple(p.shape)) for n, p in params.items()]
+        every: list[Any] = [None] * self.size
+        dist.all_gather_object(every, mine, group=self.group)
+        first = dict(every[0])
+        for r, theirs in enumerate(every):
+            d = dict(theirs)
+            if d == first:
+                continue
+            diff = sorted(set(d) ^ set(first)) or [n for n in first if d[n] != first[n]]
+            n = diff[0]
+            raise ConfigError(
+                "island",
+                f"rank {r} has {n}: {d.get(n, 'no such parameter')}",
+                f"rank 0's {n}: {first.get(n, 'no such parameter')} (every rank the same "
+                "parameter names and shapes)",
+            )
+
+
+class IslandFragments:
+    """Fragment values on a rank of an island: the `flatten`/`assign` of `FlatFragments`
+    (what `LearnerProtocol` calls on the talking rank), made collective. On the talking rank
+    a write, or a read of sharded parameters, first tells the other ranks (`Island.send`);
+    every rank then makes the same collective calls (`gather`, `scatter`)."""
+
+    def __init__(
+        self, plan: FragmentPlan, params: Mapping[str, torch.Tensor], island: Island
+    ) -> None:
+        self.plan = plan
+        self.params = params
+        self.island = island
+        self.local = FlatFragments(plan, params)  # replicated parameters: one buffer each
+        self.sharded = [any(is_sharded(params[n]) for n in f.names) for f in plan.fragments]
+
+    # -- the talking rank (the protocol's calls) ---------------------------------------------
+    def flatten(self, p: int, copy: bool = True) -> torch.Tensor:
+        if not self.sharded[p]:
+            return self.local.flatten(p, copy)  # equal on every rank: read it here
+        self.island.send(GATHER, p)
+        return self.gather(p)
+
+    def assign(self, p: int, flat: torch.Tensor) -> None:
+        self.island.send(SCATTER, p)
+        self.scatter(p, flat)
+
+    # -- every rank, in the same order ----------------------------------------------------------
+    def gather(self, p: int) -> torch.Tensor:
+        """Fragment p, whole (`full_tensor` of each sharded parameter: a collective)."""
+        parts = []
+        for n in self.plan.fragments[p].names:
+            t = self.params[n].detach()
+            t = t.full_tensor() if is_sharded(t) else t
+            parts.append(t.reshape(-1).to("cpu", torch.float32))
+        return torch.cat(parts)
+
+    def scatter(self, p: int, flat: torch.Tensor | None = None) -> None:
+        """Write fragment p on every rank: `flat` (the talking rank's value) is broadcast, or
+        for sharded parameters distributed shard by shard (`flat` is None on other ranks)."""
+        if not self.sharded[p]:
+            self._broadcast_replicated(p, flat)
+            return
+        from torch.distributed.tensor import distribute_tensor
+
+        f = self.plan.fragments[p]
+        values = self.plan.split(p, flat) if flat is not None else [None] * len(f.names)
+        with torch.no_grad():
+            for name, shape, v in zip(f.names, f.shapes, values, strict=True):
+                param = self.params[name]
+                if not is_sharded(param):
+                    dst = param.detach()
+                    if v is not None:
+                        dst.copy_(v)
+                    self.island.broadcast(dst)
+                    continue
+                local = param.to_local()
+                full = v if v is not None else torch.empty(shape, dtype=torch.float32)
+                full = full.to(local.device, local.dtype)
+                shard = distribute_tensor(full, param.device_mesh, param.placements)
+                local.copy_(shard.to_local())
+
+    def _broadcast_replicated(self, p: int, flat: torch.Tensor | None) -> None:
+        buf = self.local.flatten(p, copy=False)
+        live = self.local.holds(p)
+        if flat is not None:
+            if live:
+                buf.copy_(flat)
+            else:
+                buf = flat.to(buf.device, torch.float32).contiguous()
+                self.local.assign(p, buf)
+        self.island.broadcast(buf)
+        if flat is None and not live:
+            self.local.assign(p, buf)
+
+
+class Leading:
+    """On the talking rank, around its protocol's work: a failure tells every other rank
+    (ABORT) before it is raised."""
+
+    def __init__(self, island: Island | None) -> None:
+        self.island = island
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        if kind is not None and self.island is not None:
+            try:
+                self.island.send(ABORT)
+            except Exception:  # noqa: BLE001 - the group itself may be what failed
+                pass
+
+
+class IslandMember:
+    """A rank of an island other than rank 0: it trains, and at each step boundary does what
+    the talking rank says (see the module notes). Same calls as `Learner`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        inner_optimizer: Any = None,
+        *args: Any,
+        group: Any = None,
+        learner_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.island = Island(group)
+        self.model = unwrap(model)
+        self.optimizer = inner_optimizer
+        self.id = learner_id
+        self.params = dict(self.model.named_parameters())
+        self.island.check_same(self.params)
+        self.fragments: IslandFragments | None = None
+        self.steps_done = 0
+        self.tokens_done = 0  # this rank's
+        self._stop = False
+        self._serve()  # the first heal
+
+    def _serve(self) -> None:
+        """Do the talking rank's commands until its END."""
+        while True:
+            cmd, p, arg = self.island.receive()
+            if cmd == END:
+                self._stop = self._stop or bool(arg)
+                return
+            if cmd == PLAN:
+                plan = self.island.broadcast_object()
+                self.fragments = IslandFragments(plan, self.params, self.island)
+            elif cmd == ABORT:
+                raise IslandError("the island's talking rank (rank 0) failed: see its log")
+            elif self.fragments is None:
+                raise IslandError(f"command {cmd} before the fragment plan")
+            elif cmd == GATHER:
+                self.fragments.gather(p)
+            elif cmd == SCATTER:
+                self.fragments.scatter(p)
+            else:
+                raise IslandError(f"unknown island command {cmd}")
+
+    @property
+    def should_stop(self) -> bool:
+        return self._stop
+
+    def step(self, tokens: int) -> None:
+        self.island.total(tokens)
+        self.steps_done += 1
+        self.tokens_done += tokens
+        self._serve()
+
+    def finish(self, timeout: float = 10.0, away_s: float = 60.0) -> None:
+        self._serve()
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> IslandMember:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
