@@ -41,7 +41,7 @@ class Atoll:
         self._snap_mtime = 0.0
 
     def prepare(self, rd: Path) -> None:
-        from atoll.model.recipe import save_init
+        from atoll.model.custom import save_init
 
         save_init(wl.build_model(self.w), rd / "init.safetensors")
         (rd / "secret").write_text("peer-benchmark-secret\n")
@@ -49,6 +49,7 @@ class Atoll:
 
     def server(self, rd: Path) -> list[str]:
         argv = [str(Path(PY).parent / "atoll"), "syncer", "--init", str(rd / "init.safetensors")]
+        argv += ["--embeddings", ""]  # as measured (BENCHMARKS.md §5): no embedding fragment
         argv += ["--run-dir", str(rd / "syncer"), "--secret-file", str(rd / "secret")]
         return argv + ["--run-id", "peer"] + [x for kv in self.sets for x in ("--set", kv)]
 
@@ -92,7 +93,7 @@ class Atoll:
             return load_file(str(path))
         from atoll.config import build
         from atoll.live.syncer.store_read import read_snapshot
-        from atoll.model.recipe import file_plan
+        from atoll.model.custom import file_plan
 
         scfg, _ = build([s for s in self.sets if not s.startswith(("host", "snapshot"))], None)
         plan, _ = file_plan(rd / "init.safetensors", scfg.P, scfg.H, set(), scfg.packing)

@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from atoll.live import Learner
-    from atoll.model.recipe import save_init
+    from atoll.model.custom import save_init
 
 
 def __getattr__(name: str) -> object:
@@ -16,7 +16,7 @@ def __getattr__(name: str) -> object:
 
         return Learner
     if name == "save_init":
-        from atoll.model.recipe import save_init
+        from atoll.model.custom import save_init
 
         return save_init
     raise AttributeError(f"module 'atoll' has no attribute {name!r}")

@@ -94,20 +94,22 @@ class FragmentPlan:
     H: int
 
     def check_params(self, params: Mapping[str, torch.Tensor]) -> None:
-        """A model must have exactly the plan's tensors, with the same shapes."""
+        """A model must have exactly the plan's tensors, with the same shapes; otherwise one
+        line says what differs (the first few of each kind)."""
         want = {n: s for f in self.fragments for n, s in zip(f.names, f.shapes, strict=True)}
         have = {n: tuple(p.shape) for n, p in params.items()}
-        if set(want) != set(have):
-            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-            raise ConfigError(
-                "model",
-                f"missing {missing[:5]}, unknown {extra[:5]}",
-                "the syncer's parameter names",
-            )
-        bad = [n for n in want if want[n] != have[n]]
+        allowed = f"the syncer's {len(want)} parameters by name and shape (its init's model)"
+        missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+        if missing or extra:
+            parts = [f"missing {len(missing)} of the syncer's ({_few(missing)})"] if missing else []
+            parts += [f"{len(extra)} the syncer lacks ({_few(extra)})"] if extra else []
+            raise ConfigError("model", "; ".join(parts), allowed)
+        bad = [
+            f"{n} has shape {have[n]}, not {want[n]}" for n in sorted(want) if want[n] != have[n]
+        ]
         if bad:
-            n = bad[0]
-            raise ConfigError("model", f"{n} has shape {have[n]}", f"shape {want[n]} (syncer's)")
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise ConfigError("model", "; ".join(bad[:3]) + more, allowed)
 
     @property
     def P(self) -> int:
@@ -271,6 +273,10 @@ def make_plan(
             )
         )
     return FragmentPlan(fragments=tuple(frags), H=H)
+
+
+def _few(names: Sequence[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -22,7 +22,7 @@ def __getattr__(name: str) -> object:
 
         return Learner
     if name == "save_init":
-        from atoll.model.recipe import save_init  # moved there; kept here for old callers
+        from atoll.model.custom import save_init  # moved there; kept here for old callers
 
         return save_init
     raise AttributeError(name)

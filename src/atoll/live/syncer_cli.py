@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atoll.live.common import add_auth_arguments, add_config_arguments
+
+if TYPE_CHECKING:
+    import torch
+
+    from atoll.config import SimConfig
+    from atoll.core.fragments import FragmentPlan
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,11 +23,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", help="PEM private key (TLS; with --tls-cert)")
     p.add_argument(
         "--init",
-        help="safetensors file of a custom model's initial parameters (default: the built-in "
-        "model from the settings' seed)",
+        help="safetensors file of a custom model's initial parameters, written by "
+        "atoll.save_init (default: the built-in model from the settings' seed)",
     )
     p.add_argument(
-        "--embeddings", default="", help="with --init: comma-separated embedding tensor names"
+        "--init-from",
+        metavar="MODULE:FUNCTION",
+        help="a function returning the custom model (imported with the current directory on "
+        "the path, e.g. examples.hf_causal_lm:build_model): its parameters are the initial ones",
+    )
+    p.add_argument(
+        "--embeddings",
+        default=None,
+        help="with --init or --init-from: comma-separated embedding tensor names ('' for none; "
+        "default: those the model's embedding modules hold, as atoll.save_init stored them)",
     )
     p.add_argument("--no-budget", action="store_true", help="run until stopped (no token budget)")
     p.add_argument(
@@ -40,19 +56,14 @@ def main(args: argparse.Namespace) -> int:
     from atoll.eventlog import EventLog
     from atoll.live.syncer import SyncerService
     from atoll.live.syncer.store_read import StoreError
-    from atoll.model.recipe import builtin_plan, file_plan
     from atoll.wire.auth import load_secret
 
     job = load_job(args.overrides, args.config)
     scfg = job.sim
     secret = load_secret(args.secret_file)
+    plan, init = _start(args, scfg)  # bad input stops here, before anything is written
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    if args.init:
-        emb = {e for e in args.embeddings.split(",") if e}
-        plan, init = file_plan(args.init, scfg.P, scfg.H, emb, scfg.packing)
-    else:
-        plan, init = builtin_plan(scfg)
     opts = syncer_options(
         job,
         run_dir,
@@ -94,3 +105,22 @@ def main(args: argparse.Namespace) -> int:
     (run_dir / "syncer_final.json").write_text(json.dumps(service.final_accounts(), indent=1))
     events.close()
     return 0
+
+
+def _start(args: argparse.Namespace, scfg: SimConfig) -> tuple[FragmentPlan, list[torch.Tensor]]:
+    """The fragment plan and initial values: a custom model's (--init, --init-from) or the
+    built-in one's."""
+    from atoll.errors import ConfigError
+    from atoll.model.custom import file_plan, model_from, model_plan
+    from atoll.model.recipe import builtin_plan
+
+    if args.init and args.init_from:
+        raise ConfigError("init-from", args.init_from, "not with --init (one starting point)")
+    emb = None if args.embeddings is None else {e for e in args.embeddings.split(",") if e}
+    if args.init:
+        return file_plan(args.init, scfg.P, scfg.H, emb, scfg.packing)
+    if args.init_from:
+        return model_plan(model_from(args.init_from), scfg.P, scfg.H, emb, scfg.packing)
+    if emb is not None:
+        raise ConfigError("embeddings", args.embeddings, "only with --init or --init-from")
+    return builtin_plan(scfg)

@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from atoll.model.embeddings import embedding_names
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -65,8 +67,9 @@ class GPT(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
 
     def embedding_names(self) -> set[str]:
-        """Parameters that are embeddings: merged by weighted mean, kept in their own fragment."""
-        return {"tok_emb.weight", "pos_emb.weight"}
+        """Parameters that are embeddings: merged by weighted mean, kept in their own fragment
+        (found like any model's: tok_emb.weight and pos_emb.weight; the head is untied)."""
+        return embedding_names(self)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         t = idx.shape[1]

@@ -1,13 +1,11 @@
 """The built-in model from the settings: its seeded initialisation, its corpus, and its fragment
-plan; and the safetensors files that stand in for a custom model (`atoll syncer --init`).
+plan (a custom model's starting point is atoll.model.custom's).
 
 No hidden global state: `new_model` seeds its own fork of torch's CPU generator (the caller's
 global RNG is untouched), and corpora are cached only in a `CorpusCache` the caller owns.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
@@ -63,21 +61,3 @@ def builtin_plan(cfg: SimConfig) -> tuple[FragmentPlan, list[torch.Tensor]]:
     plan = make_plan(shapes, cfg.P, cfg.H, model.embedding_names(), cfg.packing)
     params = dict(model.named_parameters())
     return plan, [plan.flatten(params, p) for p in range(plan.P)]
-
-
-def file_plan(
-    path: str | Path, P: int, H: int, embeddings: set[str], packing: str
-) -> tuple[FragmentPlan, list[torch.Tensor]]:
-    """Plan and initial values from a safetensors file of named tensors (a custom model)."""
-    from safetensors.torch import load_file
-
-    tensors = {k: v.float() for k, v in load_file(str(path)).items()}
-    plan = make_plan({k: tuple(v.shape) for k, v in tensors.items()}, P, H, embeddings, packing)
-    return plan, [plan.flatten(tensors, p) for p in range(plan.P)]
-
-
-def save_init(model: torch.nn.Module, path: str | Path) -> None:
-    """Write a model's parameters for `atoll syncer --init` (a custom model's starting point)."""
-    from safetensors.torch import save_file
-
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(path))

@@ -208,29 +208,36 @@ class Learner:
 
     # -- start-up -----------------------------------------------------------------------------
     def _await_first_heal(self, timeout: float) -> None:
+        """Wait for the Welcome and the first heal; whatever stops it (a model that is not the
+        syncer's, a refusal, no heal in time) closes the communication side first."""
+        try:
+            self._first_heal(timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _first_heal(self, timeout: float) -> None:
         deadline = time.time() + timeout
-        welcome = None
+        welcome = plan = None
         while time.time() < deadline:
             match self.port.get(0.2):
                 case Welcomed(data):
                     welcome = pb.Welcome.FromString(data)
                     self._epoch = welcome.epoch
+                    plan = convert.plan_from_welcome(welcome)
+                    plan.check_params(self.params)  # before the heal: this model, the syncer's?
                 case CommFailed(reason):
-                    self.close()
                     raise ConnectionError(reason)
                 case CommStatus() as st:
                     self._status(st)
-                case HealReceived(heal) if welcome is not None:
-                    plan = convert.plan_from_welcome(welcome)
+                case HealReceived(heal) if welcome is not None and plan is not None:
                     cfg = convert.learner_config_from_welcome(welcome, block=True)
                     cfg = dataclasses.replace(cfg, max_wait_s=self.wait_s)
-                    plan.check_params(self.params)
                     flat = self._fragments(plan)
                     self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat, self.budget)
                     self.port.layout([f.numel for f in plan.fragments])
                     self._apply_heal(heal)
                     return
-        self.close()
         raise TimeoutError(f"no heal from the syncer at {self.address} within {timeout:.0f} s")
 
     def _apply_heal(self, heal: Heal) -> None:
