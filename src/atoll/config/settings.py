@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from atoll.core.syncer import SyncerConfig
 
 METHODS = ("data_parallel", "sync_diloco", "decoupled")
+DATA_DTYPES = ("uint16", "uint32")  # how a token file (data=...bin) stores its ids
 
 
 def need(cfg: object, ok: bool, key: str, allowed: str) -> None:
@@ -65,9 +66,20 @@ class ModelSettings:
     n_head: int = 4
     context: int = 64
     batch: int = 16
-    data: str = "stdlib"  # "stdlib" or comma-separated text file paths
-    data_bytes: int = 4_000_000
-    shard_block: int = 4096  # bytes per block dealt round robin to learners; 0 = contiguous
+    # what the model trains on (atoll.model.data): "stdlib" (the Python standard library's
+    # sources), text files (comma separated; each byte a token), or one token file ending in
+    # .bin: a flat array of token ids as nanoGPT's prepare scripts write, memory-mapped
+    data: str = "stdlib"
+    data_bytes: int = 4_000_000  # text: the first this many bytes are read; token files: all
+    data_dtype: str = "uint16"  # how a .bin file stores its ids: uint16, or uint32 (vocab > 65536)
+    # the held-out split (what eval_loss measures): the last int(n * eval_fraction) tokens of
+    # data, at least one (n: the token file's ids; text: the bytes read, at most data_bytes),
+    # the train split being everything before them; or, with eval_data (files of the same kind
+    # as data, e.g. nanoGPT's val.bin), those files, and all of data trains
+    eval_fraction: float = 0.1
+    eval_data: str = ""
+    vocab: int = 256  # the model's vocabulary: every token id must be < vocab (text: 256)
+    shard_block: int = 4096  # tokens per block dealt round robin to learners; 0 = contiguous
     eval_batches: int = 8
     eval_points: int = 8
     # inner optimizer (AdamW, linear warmup then cosine to 10% over `steps`)
@@ -88,7 +100,39 @@ class ModelSettings:
         need(self, self.lr > 0, "lr", "a number > 0")
         need(self, self.shard_block >= 0, "shard_block", "an integer >= 0 (0 = contiguous shards)")
         need(self, self.warmup >= 0, "warmup", "an integer >= 0")
+        self._validate_data()
         return self
+
+    def _validate_data(self) -> None:
+        """The data settings, as written (the files themselves are checked when the corpus is
+        read: atoll.model.recipe.load_corpus)."""
+        tokens = [p.strip().endswith(".bin") for p in self.data.split(",") if p.strip()]
+        need(
+            self,
+            bool(tokens) and (all(tokens) and len(tokens) == 1 or not any(tokens)),
+            "data",
+            '"stdlib", text files (comma separated), or one token file ending in .bin',
+        )
+        need(self, self.data_bytes >= 1, "data_bytes", "an integer >= 1")
+        need(self, self.data_dtype in DATA_DTYPES, "data_dtype", f"one of {', '.join(DATA_DTYPES)}")
+        need(self, 0 < self.eval_fraction < 1, "eval_fraction", "a number in (0, 1)")
+        need(self, self.vocab >= 2, "vocab", "an integer >= 2")
+        if tokens[0]:
+            need(
+                self,
+                self.data_dtype == "uint32" or self.vocab <= 2**16,
+                "data_dtype",
+                f"uint32 for vocab={self.vocab} (a uint16 file holds ids up to 65535 only)",
+            )
+        if self.eval_data:
+            kind = "one token file ending in .bin" if tokens[0] else "text files (none .bin)"
+            ends = [p.strip().endswith(".bin") for p in self.eval_data.split(",") if p.strip()]
+            need(
+                self,
+                bool(ends) and (all(ends) and len(ends) == 1 if tokens[0] else not any(ends)),
+                "eval_data",
+                f'"" (the last eval_fraction of data), or {kind}, as data is',
+            )
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,10 @@ class Launcher:
         return self.job.live
 
     def __post_init__(self) -> None:
+        from atoll.model.recipe import check_data
+
+        # bad data stops here, before any process starts; text is read once, for every learner
+        self.corpus_text = check_data(self.scfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(self.run_dir / "events.jsonl")
         self.run_id = uuid.uuid4().hex[:12]
@@ -132,8 +136,7 @@ class Launcher:
             str(restart),
             "--events",
             str(self.run_dir / "events.jsonl"),
-            "--corpus",
-            str(self.run_dir / "corpus.bin"),
+            *(["--corpus", str(self.run_dir / "corpus.bin")] if self.corpus_text else []),
             "--faults",
             str(self.run_dir / "faults" / f"L{index}.json"),
         ]
@@ -175,10 +178,10 @@ class Launcher:
         self.events.record("launcher", kind(process=proc.name, pid=proc.popen.pid))
 
     def _cache_corpus(self) -> None:
-        """Read the corpus once; (re)started learners load these bytes instead of the files."""
-        from atoll.model.recipe import corpus_bytes
-
-        (self.run_dir / "corpus.bin").write_bytes(corpus_bytes(self.scfg))
+        """Text read once: (re)started learners load these bytes instead of the files (a
+        token file is memory-mapped by each learner)."""
+        if self.corpus_text is not None:
+            (self.run_dir / "corpus.bin").write_bytes(self.corpus_text)
 
     def _training_started(self) -> float | None:
         """The syncer's start time (all expected learners joined), once it has one."""

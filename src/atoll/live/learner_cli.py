@@ -22,7 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart", type=int, default=0, help="restart count (reseeds the data)")
     p.add_argument("--events", type=Path, help="append events to this events.jsonl")
     p.add_argument("--tls-ca", help="PEM root certificate to check the syncer's TLS certificate")
-    p.add_argument("--corpus", type=Path, help="the corpus bytes, cached by the launcher")
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        help="the text corpus's bytes, cached by the launcher (not for token files)",
+    )
     p.add_argument("--faults", type=Path, help="chaos: the link-fault file the launcher writes")
     p.add_argument(
         "--standby",
@@ -101,6 +105,10 @@ def main(args: argparse.Namespace) -> int:
     scfg, lcfg = job.sim, job.live
     if not 0 <= args.index < scfg.learners:
         raise ConfigError("--index", args.index, f"an integer in [0, learners={scfg.learners})")
+    # bad data (a missing file, ids beyond vocab, too few tokens) stops here, before the syncer
+    # is asked anything; text the launcher read once comes from its cache file
+    cached = args.corpus.read_bytes() if args.corpus and args.corpus.is_file() else None
+    corpus = load_corpus(scfg, cached)
     lid = args.id or f"L{args.index}"
     nproc = args.nproc or lcfg.island_sizes(scfg.learners)[args.index]
     if nproc < 1 or args.nnodes < 1:
@@ -117,12 +125,6 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if args.corpus and args.corpus.is_file():
-        from atoll.model import ByteCorpus
-
-        corpus = ByteCorpus(args.corpus.read_bytes())
-    else:
-        corpus = load_corpus(scfg)
     model = new_model(scfg)  # overwritten by the heal: the syncer's values are used
     opt = new_inner_optimizer(model, scfg)
     step_model: torch.nn.Module = model

@@ -8,7 +8,7 @@ import math
 import torch
 
 from atoll.config import SimConfig
-from atoll.model.data import ByteCorpus
+from atoll.model.data import TokenCorpus
 from atoll.model.gpt import GPT
 from atoll.model.recipe import new_model
 
@@ -39,9 +39,10 @@ def train_step(model: GPT, opt: torch.optim.Optimizer, batch: tuple, lr: float) 
 
 
 class Evaluator:
-    """Mean cross-entropy (nats/byte) of a parameter set on fixed held-out batches."""
+    """Mean cross-entropy (nats per token; per byte for text) of a parameter set on fixed
+    held-out batches."""
 
-    def __init__(self, cfg: SimConfig, corpus: ByteCorpus) -> None:
+    def __init__(self, cfg: SimConfig, corpus: TokenCorpus) -> None:
         self.model = new_model(cfg)  # its values are replaced by each call's
         self.batches = corpus.eval_batches(cfg.eval_batches, cfg.batch, cfg.context, seed=1234)
 
@@ -59,10 +60,10 @@ class DataStream:
     and 65-byte windows) and join two unrelated stretches of text, as file boundaries do anyway.
     """
 
-    def __init__(self, cfg: SimConfig, corpus: ByteCorpus, index: int) -> None:
+    def __init__(self, cfg: SimConfig, corpus: TokenCorpus, index: int) -> None:
         self.source = corpus.shard(index, cfg.learners, cfg.shard_block)
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + index)
         self.batch, self.context = cfg.batch, cfg.context
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return ByteCorpus.batch(self.source, self.batch, self.context, self.gen)
+        return TokenCorpus.batch(self.source, self.batch, self.context, self.gen)

@@ -22,7 +22,7 @@ import torch
 from atoll.config import SimConfig
 from atoll.core import codec
 from atoll.core.outer import OuterOptimizer, OuterState
-from atoll.model.data import ByteCorpus
+from atoll.model.data import TokenCorpus
 from atoll.model.recipe import load_corpus, new_model
 from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
 from atoll.sim.world import (
@@ -90,7 +90,7 @@ class _Run:
     time spent useful, lost and down, tokens, the evaluation curve."""
 
     def __init__(
-        self, cfg: SimConfig, corpus: ByteCorpus | None, progress: ProgressFn | None
+        self, cfg: SimConfig, corpus: TokenCorpus | None, progress: ProgressFn | None
     ) -> None:
         self.cfg = cfg = cfg.validate()
         torch.set_num_threads(cfg.threads)
@@ -144,7 +144,7 @@ def run_data_parallel(
     cfg: SimConfig,
     name: str = "data_parallel",
     progress: ProgressFn | None = None,
-    corpus: ByteCorpus | None = None,
+    corpus: TokenCorpus | None = None,
 ) -> RunResult:
     run = _Run(cfg, corpus, progress)
     cfg = run.cfg
@@ -180,7 +180,7 @@ def run_sync_diloco(
     cfg: SimConfig,
     name: str = "sync_diloco",
     progress: ProgressFn | None = None,
-    corpus: ByteCorpus | None = None,
+    corpus: TokenCorpus | None = None,
 ) -> RunResult:
     run = _Run(cfg, corpus, progress)
     cfg = run.cfg

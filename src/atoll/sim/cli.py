@@ -39,18 +39,18 @@ def main(args: argparse.Namespace) -> int:
     from atoll.config import parse_overrides
     from atoll.sim.presets import get_preset
     from atoll.sim.report import plot, print_table
-    from atoll.sim.runner import plan_runs, run_preset
+    from atoll.sim.runner import plan_runs, read_corpora, run_preset
 
     preset = get_preset(args.preset)
     overrides = parse_overrides(args.overrides)
     if args.scenario:
         overrides["scenario"] = args.scenario
-    plan_runs(preset, overrides)  # bad settings stop here, before any compute
+    corpora = read_corpora(plan_runs(preset, overrides))  # bad settings stop here, before compute
     seed = overrides.get("seed", 0)
     out = args.out or Path("runs") / f"sim-{preset.name}-s{seed}"
 
     if args.quiet:
-        result = run_preset(preset, overrides, events_dir=out)
+        result = run_preset(preset, overrides, events_dir=out, corpora=corpora)
     else:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -69,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
 
                 return update
 
-            result = run_preset(preset, overrides, factory, events_dir=out)
+            result = run_preset(preset, overrides, factory, events_dir=out, corpora=corpora)
     text = json.dumps(result, indent=1, sort_keys=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(text)

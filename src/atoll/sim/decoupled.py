@@ -52,7 +52,7 @@ from atoll.core.messages import (
     SetTimer,
 )
 from atoll.core.syncer import SyncerProtocol
-from atoll.model.data import ByteCorpus
+from atoll.model.data import TokenCorpus
 from atoll.model.recipe import load_corpus, new_model
 from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
 from atoll.sim.faults import Faults
@@ -75,7 +75,7 @@ class DecoupledSim:
         cfg: SimConfig,
         name: str = "decoupled",
         progress: ProgressFn | None = None,
-        corpus: ByteCorpus | None = None,
+        corpus: TokenCorpus | None = None,
     ) -> None:
         self.cfg = cfg.validate()
         self.name = name

@@ -65,15 +65,26 @@ def check_plan(cfg: SimConfig) -> None:
     )
 
 
+def read_corpora(runs: list[tuple[str, SimConfig]]) -> CorpusCache:
+    """The runs' corpora, read once and checked (bad data stops here, before any compute)."""
+    corpora = CorpusCache()
+    for _, cfg in runs:
+        corpora.get(cfg)
+    return corpora
+
+
 def run_preset(
     preset: Preset,
     overrides: dict[str, object],
     progress_factory: Callable[[str], ProgressFn] | None = None,
     events_dir: Path | None = None,
+    corpora: CorpusCache | None = None,
 ) -> dict:
+    """Every run of `preset`; `corpora`: the runs' corpora if already read (`read_corpora`)."""
     runs = plan_runs(preset, overrides)  # validate everything before spending compute
     out_runs = []
-    corpora = CorpusCache()  # the runs share the corpus, read once
+    if corpora is None:
+        corpora = read_corpora(runs)  # the runs share the corpus, read once
     for name, cfg in runs:
         progress = progress_factory(name) if progress_factory else None
         events = events_dir / f"events-{name}.jsonl" if events_dir else None
