@@ -40,7 +40,8 @@ def _wait(cond, what, timeout=10.0):
     [
         (
             torch.nn.Linear(4, 4),
-            "missing 17 of the syncer's (blocks.0.fc.bias, blocks.0.fc.weight, blocks.0.fc_out.bias, "
+            "missing 17 of the syncer's (blocks.0.fc.bias, blocks.0.fc.weight, "
+            "blocks.0.fc_out.bias, "
             "... 14 more); 2 the syncer lacks (bias, weight)",
         ),
         (

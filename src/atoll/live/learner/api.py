@@ -10,18 +10,13 @@
 
 `Learner` drives atoll.core.learner.LearnerProtocol and decides nothing itself: at every step
 boundary (`step()`, in the training thread) it hands the protocol what arrived and does what
-`LearnerProtocol.boundary` says (hand the contributions due to the communication side, wait for
-an answer at most `wait_s`, or end the run with the final flush). The communication side
-(atoll.live.comm) encodes and sends; it runs in a child process (`comm="process"`, what "auto"
-picks with 2 or more cores per learner process on this machine: no background thread competes
-for the training process's GIL) or in background threads (`comm="thread"`; measured +4 to +5%
-per step of the built-in model against +2.3% for the child process, BENCHMARKS.md). The two
-transports are atoll.live.learner.ports; what the sides say, atoll.live.learner.messages.
-
-If the syncer goes away, the communication side reconnects and *resumes*: the learner keeps
-its local progress when the syncer still holds its base versions, and heals (loads every global
-fragment) otherwise. The constructor blocks until the first heal. The inner optimizer is left
-alone (its state is kept across receipts, as in DiLoCo).
+`LearnerProtocol.boundary` says (hand the due contributions to the communication side, wait at
+most `wait_s`, or end the run: ending.py). The communication side (atoll.live.comm) encodes and
+sends, in a child process (`comm="process"`: no thread competes for the training process's GIL)
+or in threads (`comm="thread"`); ports.py, messages.py. On a rank of a torch.distributed group
+it is an island (island.py). If the syncer goes away, the communication side reconnects and
+resumes (keeps local progress when the syncer still holds its base versions, else heals). The
+constructor blocks until the first heal; the inner optimizer's state is kept across receipts.
 """
 
 from __future__ import annotations
@@ -39,13 +34,14 @@ import torch
 
 from atoll.core import codec
 from atoll.core.budget import BudgetShare
-from atoll.core.events import CommFatal, Event, FinalBeatLost, Step, Training
+from atoll.core.events import CommFatal, Event, Step, Training
 from atoll.core.fragments import FlatFragments, FragmentPlan, FragmentStore
 from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
 from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
 from atoll.live.comm_mode import learners_on_host, resolve_comm
+from atoll.live.learner import ending
 from atoll.live.learner.island import (
     END,
     Island,
@@ -59,11 +55,9 @@ from atoll.live.learner.island import (
 from atoll.live.learner.messages import (
     FINAL_BEAT_S,
     BeatDone,
-    BeatOnce,
     CommFailed,
     CommOptions,
     CommStatus,
-    Finishing,
     FromComm,
     HealReceived,
     PullReceived,
@@ -112,19 +106,13 @@ class Learner:
     ) -> None:
         """Join the syncer at `syncer` ("host:port") and block until healed from it.
 
-        `group`: a torch.distributed process group of 2 or more ranks makes this learner an
-        island (every rank calls `Learner` the same way; rank 0 talks to the syncer; see
-        atoll.live.learner.island). None: the default group when torch.distributed is
-        initialised with 2 or more ranks, else one process.
-
-        `comm`: where the communication runs, "process", "thread" or "auto" ("process" when
-        this machine has 2 or more cores per learner process on it, else "thread"; learners
-        started together count each other, `comm_mode.learners_on_host`); see the module notes.
-
-        `switch_interval_s`: with the communication in threads, passed to
-        `sys.setswitchinterval` (for the whole process): with Python's default 5 ms the training
-        thread can wait that long each time it comes back from a torch op; e.g. 2e-4, what
-        `atoll learner` uses. None (default): the interpreter is left alone."""
+        `group`: a torch.distributed group of 2+ ranks makes it an island (every rank calls
+        `Learner` alike; rank 0 talks to the syncer: island.py); None: the default group when
+        initialised with 2+ ranks, else one process. `comm`: "process", "thread" or "auto" (a
+        process with 2+ cores per learner process on this machine, `comm_mode`).
+        `switch_interval_s`: with comm threads, `sys.setswitchinterval` for the whole process
+        (Python's 5 ms can delay the training thread after each torch op; `atoll learner`
+        uses 2e-4). None (default): the interpreter is left alone."""
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
         self.island = Island(group) if island_group(group) is not None else None
@@ -395,6 +383,7 @@ class Learner:
                 pass  # a late answer to `beat_once`
 
     def _queued(self) -> bool:
+        """Whether a contribution handed over is not yet sent or not yet answered."""
         st = self._comm_status
         return st.received < self._submitted or st.queued > 0
 
@@ -407,27 +396,8 @@ class Learner:
         self._island_end(True)
 
     def _finish(self, timeout: float, away_s: float) -> None:
-        proto = self.proto
-        if proto is not None and proto.healed:
-            self._drain()
-            self._boundary(proto.finish(time.time()))
-            self.port.send(Finishing())  # report the send queue after every send from now
-            start = time.time()
-            until = start + timeout
-            while time.time() < until:
-                if not self._connected:  # away: the clock starts again once it is back
-                    if time.time() > start + away_s:
-                        break
-                    until = time.time() + timeout
-                item = self.port.get(0.02)
-                if item is not None:
-                    self._handle(item)
-                    self._drain()
-                if self._connected and not self._queued() and proto.all_answered():
-                    break
-            self._drain()
-            self._outputs(proto.apply_due(time.time()))
-            self._flush()
+        if self.proto is not None and self.proto.healed:
+            ending.final_flush(self, self.proto, timeout, away_s)
         self.beat_once()
         self._drain()
         self._report()
@@ -436,17 +406,7 @@ class Learner:
     def beat_once(self, timeout: float = FINAL_BEAT_S + 1.0) -> None:
         """Report the final counters synchronously; counters the syncer never counted are
         reported (`final_beat_lost`): the run's books miss those steps."""
-        self._flush()
-        self.port.send(BeatOnce())
-        until, done = time.time() + timeout, None
-        while done is None and time.time() < until:
-            item = self.port.get(max(until - time.time(), 0.001))
-            if isinstance(item, BeatDone):
-                done = item
-            elif item is not None and self.proto is not None:
-                self._handle(item)
-        if done is None or not done.counted:
-            self.events.record(self.id, FinalBeatLost(self.tokens_done))
+        ending.beat_once(self, timeout)
 
     def close(self) -> None:
         port = getattr(self, "port", None)

@@ -1,0 +1,143 @@
+"""Learner islands: one learner that is a torchrun job of 2 ranks (DDP or FSDP2 inside, gloo on
+CPU). Rank 0 talks to the syncer; what the protocol writes reaches every rank; a rank that
+dies takes its island down and the island rejoins as one learner."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from atoll.eventlog import read_events
+from atoll.live.client import status
+from tests.helpers import RUN, SECRET, syncer_process
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "ATOLL_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
+
+
+def _torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 150) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", script, *args]  # fmt: skip
+    res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return res.returncode, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_an_island_heals_every_rank_trains_and_counts_every_ranks_tokens(tmp_path, mode):
+    """The island's model starts from another seed than the syncer's: after `atoll.Learner`
+    returns, every rank holds the syncer's model (to the int8 heal's error) and the ranks hold
+    the same values; it trains (the loss falls) and the syncer counts both ranks' tokens."""
+    steps = 40  # the budget, in single-rank steps of the built-in batch
+    argv = ["--set", "learners=1", "--set", f"steps={steps}", "--set", "snapshot_every_s=60"]
+    proc, addr = syncer_process(tmp_path, argv, ENV, ROOT)
+    try:
+        extra = ["--fsdp"] if mode == "fsdp" else []
+        rc, out = _torchrun("examples/island.py", "--syncer", addr, "--run-id", RUN,
+                            "--check-heal", *extra)  # fmt: skip
+        assert rc == 0, out[-3000:]
+        healed = re.findall(r"rank (\d) healed: max error ([\d.]+) digest (\w+)", out)
+        assert sorted(r for r, _, _ in healed) == ["0", "1"], out[-3000:]
+        assert all(float(e) < 0.01 for _, e, _ in healed), healed  # seed+1 differs by ~0.1
+        assert len({d for _, _, d in healed}) == 1, healed  # every rank the same values
+        trained = re.findall(r"rank (\d) steps (\d+) loss ([\d.]+) -> ([\d.]+)", out)
+        assert len(trained) == 2, out[-3000:]
+        for _, n, first, last in trained:
+            # 2 ranks: the budget of `steps` single-rank steps is spent in steps / 2
+            assert int(n) == steps // 2 and float(last) < float(first) - 1.0, trained
+        st = status(addr, RUN, SECRET)
+        batch_tokens = 16 * 64  # the built-in batch x context
+        assert st.tokens == steps * batch_tokens, st  # both ranks' tokens, once each
+        assert st.rounds >= 10, st
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_ranks_that_disagree_on_the_model_stop_with_one_line_before_joining(tmp_path):
+    script = tmp_path / "mismatch.py"
+    script.write_text(
+        "import sys, torch, torch.distributed as dist, atoll\n"
+        "from atoll.errors import ConfigError\n"
+        "dist.init_process_group('gloo')\n"
+        "model = torch.nn.Linear(4, 4 + dist.get_rank())\n"
+        "try:\n"
+        "    atoll.Learner(model, syncer='127.0.0.1:9', connect_timeout_s=5)\n"
+        "except ConfigError as e:\n"
+        "    print(f'rank {dist.get_rank()}: {e}'); sys.exit(2)\n"
+    )
+    rc, out = _torchrun(str(script), timeout=90)
+    assert rc != 0
+    lines = re.findall(r"^rank \d: .*$", out, re.M)
+    assert len(lines) == 2, out[-3000:]
+    # one line each, naming the rank, the tensor and what was expected; no connection tried
+    for line in lines:
+        assert "rank 1 has weight: (5, 4)" in line and "rank 0's weight: (4, 4)" in line, line
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _rank_pid(agent: int, rank: int) -> int | None:
+    for c in _children(agent):
+        try:
+            env = Path(f"/proc/{c}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return c
+    return None
+
+
+def test_islands_of_mixed_sizes_run_and_one_whose_rank_is_killed_rejoins(tmp_path):
+    """`atoll run` with L0 one process and L1 an island of 2 ranks; rank 1 of L1 is SIGKILLed
+    mid-run: the island goes down (torchrun ends it), the supervisor starts it again, it heals
+    and trains, and the run finishes its budget with no committed round lost."""
+    out = tmp_path / "run"
+    sets = ["learners=2", "island_size=1,2", "steps=300", "pace_s=0.04", "restart_delay_s=0.5",
+            "eval=false", "snapshot_every_s=60"]  # fmt: skip
+    cmd = [sys.executable, "-m", "atoll.cli", "run", "--out", str(out), "--quiet"]
+    cmd += [x for s in sets for x in ("--set", s)]
+    run = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killed = None
+    try:
+        until = time.time() + 90
+        while killed is None and time.time() < until and run.poll() is None:
+            time.sleep(0.5)
+            events = read_events(out / "events.jsonl") if (out / "events.jsonl").exists() else []
+            starts = [e for e in events if e["kind"] == "started" and e["data"]["process"] == "L1"]
+            agent = starts[0]["data"]["pid"] if starts else None
+            steps = [e for e in events if e["kind"] == "applied" and e["source"] == "L1"]
+            if agent and len(steps) >= 10:  # training, and merged rounds applied
+                killed = _rank_pid(agent, 1)
+                if killed:
+                    os.kill(killed, signal.SIGKILL)
+        assert killed is not None, "never found rank 1 of L1 training"
+        stdout, stderr = run.communicate(timeout=150)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, stderr.decode()[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    events = read_events(out / "events.jsonl")
+    restarted = [e for e in events if e["kind"] == "restarted"]
+    assert [e["data"]["process"] for e in restarted] == ["L1"], restarted
+    t_back = restarted[0]["t"]
+    assert any(e["kind"] == "accepted" and e["data"]["learner"] == "L1" and e["t"] > t_back
+               for e in events)  # fmt: skip
+    assert s["lost_committed_rounds"] == 0 and s["tokens"] >= s["token_budget"], s
+    healed = [e for e in events if e["kind"] == "healed" and e["source"] == "L1"]
+    assert len(healed) == 2, healed  # its first start, and the island started again
