@@ -66,7 +66,7 @@ def main() -> None:
     if distributed:
         torch.distributed.init_process_group("gloo")
 
-    data = ByteCorpus(load_stdlib_corpus(1_000_000)).train
+    data = ByteCorpus(load_stdlib_corpus(1_000_000)).shard(0, 1)  # the train split
     gen = torch.Generator().manual_seed(1000 * args.seed + rank)  # each rank its own batches
     model = build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -80,8 +80,7 @@ def main() -> None:
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
 
     for step in range(args.steps):
-        starts = torch.randint(0, len(data) - CONTEXT, (args.batch,), generator=gen)
-        tokens = torch.stack([data[s : s + CONTEXT] for s in starts.tolist()])
+        tokens, _ = ByteCorpus.batch(data, args.batch, CONTEXT, gen)  # random windows
         loss = net(input_ids=tokens, labels=tokens).loss  # next-token loss (shifted inside)
         loss.backward()
         opt.step()

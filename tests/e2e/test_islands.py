@@ -141,3 +141,24 @@ def test_islands_of_mixed_sizes_run_and_one_whose_rank_is_killed_rejoins(tmp_pat
     assert s["lost_committed_rounds"] == 0 and s["tokens"] >= s["token_budget"], s
     healed = [e for e in events if e["kind"] == "healed" and e["source"] == "L1"]
     assert len(healed) == 2, healed  # its first start, and the island started again
+
+
+def test_the_hugging_face_example_trains_in_an_island(tmp_path):
+    """examples/hf_causal_lm.py under torchrun: 2 ranks, one learner; the loss falls."""
+    pytest.importorskip("transformers")
+    sets = ["P=4", "H=4", "learners=1", "snapshot_every_s=60"]
+    argv = ["--init-from", "examples.hf_causal_lm:build_model", "--no-budget"]
+    proc, addr = syncer_process(tmp_path, argv + [x for s in sets for x in ("--set", s)], ENV, ROOT)
+    try:
+        rc, out = _torchrun("examples/hf_causal_lm.py", "--syncer", addr, "--run-id", RUN,
+                            "--learner-id", "HF-island", "--steps", "60")  # fmt: skip
+        assert rc == 0, out[-3000:]
+        losses = [float(x) for x in re.findall(r"^step \d+ loss ([\d.]+)$", out, re.M)]
+        assert len(losses) == 60, out[-2000:]  # rank 0's
+        assert sum(losses[-15:]) / 15 < sum(losses[:10]) / 10 - 1.0, losses
+        st = status(addr, RUN, SECRET)
+        assert st.live == [] and st.rounds >= 20, st  # one learner, finished; merged rounds
+        assert st.tokens == 2 * 60 * 8 * 64, st  # both ranks' batches of 8 x 64 tokens
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -45,7 +45,7 @@ from atoll.core.events import (
     Started,
     Timeout,
 )
-from atoll.errors import EXIT_STORE, RunError, restore_hint
+from atoll.errors import EXIT_STORE, ConfigError, RunError, restore_hint
 from atoll.eventlog import EventLog, load_events, read_events
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
@@ -107,6 +107,8 @@ class Launcher:
         n = self.scfg.learners
         self.lcfg.shape_factors(n)  # a bad per-learner value stops here, not in a learner
         self.islands = self.lcfg.island_sizes(n)
+        if any(self.scfg.batch % size for size in self.islands):  # each rank trains batch/size
+            raise ConfigError("batch", self.scfg.batch, f"a multiple of island_size {self.islands}")
         spec = self.lcfg.chaos or self.scfg.scenario  # one scenario key drives both drivers
         scenario = chaos.load(spec, self.lcfg.restart_delay_s).validate(n)
         self.chaos = scenario.timeline(n, self.lcfg.max_wall_s, self.lcfg.chaos_seed)

@@ -5,6 +5,7 @@ rank 0 talks to the syncer: atoll.live.learner.island)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -132,7 +133,12 @@ def main(args: argparse.Namespace) -> int:
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(model)
-    data = DataStream(scfg, corpus, args.index)
+    # `batch` is the learner's: an island's ranks split it (each trains batch / ranks), so an
+    # island is a faster learner of the same recipe (same steps, schedule and budget)
+    ranks = nproc * args.nnodes
+    if scfg.batch % ranks:
+        raise ConfigError("batch", scfg.batch, f"a multiple of the island's {ranks} ranks")
+    data = DataStream(dataclasses.replace(scfg, batch=scfg.batch // ranks), corpus, args.index)
     if args.standby is not None:  # a warm spare: everything is loaded; wait to be needed
         x, y = data.next()
         new_model(scfg)(x, y).backward()  # torch's first forward and backward, on a throwaway
@@ -167,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
     # a restarted learner goes on with the run's learning-rate schedule, where the run is
     # (its average learner's step), not from the warmup again: with a learner killed every
     # minute, restarted schedules cost 11% of eval loss in a 14-minute soak
-    offset = _run_steps(args, scfg, nproc * args.nnodes) if args.restart > 0 else 0
+    offset = _run_steps(args, scfg) if args.restart > 0 else 0
     while not stop["now"] and not learner.should_stop and local < limit:
         t0 = time.perf_counter()
         batch = data.next()
@@ -185,10 +191,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_steps(args: argparse.Namespace, scfg: object, ranks: int) -> int:
-    """The run's progress in steps of one learner: tokens trained so far (the syncer's
-    count) over every learner's tokens per step (an island's: `ranks` batches); 0 if the
-    syncer does not answer."""
+def _run_steps(args: argparse.Namespace, scfg: object) -> int:
+    """The run's progress in steps of one learner of one process: tokens trained so far (the
+    syncer's count) over every learner's tokens per step; 0 if the syncer does not answer."""
     from atoll.live.client import status
     from atoll.wire.auth import load_secret
 
@@ -197,7 +202,7 @@ def _run_steps(args: argparse.Namespace, scfg: object, ranks: int) -> int:
         st = status(args.syncer, args.run_id, secret, 2.0, args.tls_ca)
     except Exception:  # noqa: BLE001 - the syncer may be restarting: start the schedule over
         return 0
-    return int(st.tokens // max(scfg.learners * scfg.batch * scfg.context * ranks, 1))
+    return int(st.tokens // max(scfg.learners * scfg.batch * scfg.context, 1))
 
 
 def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:
