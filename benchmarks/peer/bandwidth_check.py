@@ -4,9 +4,10 @@ For every atoll run of scenario d in the peer benchmark's results: the learners'
 bytes per second, up and down, in the middle half of the run (the first heals and the last
 flush left out: the model is of steady training), and the step period the learners kept (the
 median time between steps). The prediction is `atoll bandwidth`'s Decoupled average rate for
-that run: the benchmark model's N, P = H = 24 (atoll's defaults), 4.25 bits per value (int4
-and one bf16 scale per 64 values) and `--framing` 1.069 (TCP/IP headers, atoll.bandwidth.model),
-per link and direction.
+that run: the benchmark model's N, P = H = 24 (atoll's defaults), the int4 codec's bits per
+value (`--codec int4`: its frames, zstd included, about 3.71; the nominal 4.25, int4 and one
+bf16 scale per 64 values, over-predicted by 14%: BENCHMARKS.md §5) and `--framing` 1.069
+(TCP/IP headers, atoll.bandwidth.model), per link and direction.
 
     python benchmarks/peer/bandwidth_check.py benchmarks/results/peer
 

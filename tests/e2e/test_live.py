@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import grpc
 import pytest
@@ -24,6 +25,10 @@ from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata
 from atoll.wire.chunks import crc32
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import hosts  # noqa: E402  (benchmarks/hosts.py: the one maker of test certificates)
 
 pytestmark = pytest.mark.slow
 
@@ -393,44 +398,7 @@ def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
 
 def _self_signed(tmp_path):
     """A certificate for 127.0.0.1 and its key, PEM files (what `--tls-cert/--tls-key` take)."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "atoll-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return str(cert_file), str(key_file)
+    return hosts.self_signed(tmp_path, ["127.0.0.1"], ["localhost"])
 
 
 def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):

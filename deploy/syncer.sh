@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The syncer of a run (`atoll syncer`): one process on one host. deploy/k8s/syncer.yaml runs
+# this script, and so does the namespace test (tests/e2e/test_multihost.py); see docs/deploy.md.
+#
+#   ATOLL_RUN_DIR      tape, snapshots, events and the final model (required): durable storage
+#                      that outlives the process; a restart on the same directory resumes the run
+#   ATOLL_PORT         the gRPC port learners connect to (default 7070)
+#   ATOLL_HOST         the address to listen on (default 0.0.0.0: every interface)
+#   ATOLL_TLS_CERT, ATOLL_TLS_KEY   the syncer's PEM certificate and key (TLS; both or neither)
+#   ATOLL_INIT         a custom model's initial parameters (safetensors, from atoll.save_init)
+#   ATOLL_NO_BUDGET    1: run until stopped, with no token budget
+# and the run's settings (deploy/lib.sh): ATOLL_RUN_ID, ATOLL_SECRET_FILE or ATOLL_SECRET,
+# ATOLL_CONFIG, ATOLL_SET, ATOLL, ATOLL_DRY_RUN.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+[[ -n "${ATOLL_RUN_DIR:-}" ]] || die "ATOLL_RUN_DIR='' is not allowed: a directory on durable storage (tape, snapshots)"
+port=${ATOLL_PORT:-7070}
+positive_int ATOLL_PORT "$port"
+((port < 65536)) || die "ATOLL_PORT='$port' is not allowed: an integer in [1, 65535]"
+args=(syncer --run-dir "$ATOLL_RUN_DIR")
+common_args
+if [[ -n "${ATOLL_TLS_CERT:-}${ATOLL_TLS_KEY:-}" ]]; then
+  [[ -r "${ATOLL_TLS_CERT:-}" && -r "${ATOLL_TLS_KEY:-}" ]] ||
+    die "ATOLL_TLS_CERT='${ATOLL_TLS_CERT:-}' ATOLL_TLS_KEY='${ATOLL_TLS_KEY:-}' are not allowed: both readable PEM files, or neither"
+  args+=(--tls-cert "$ATOLL_TLS_CERT" --tls-key "$ATOLL_TLS_KEY")
+fi
+if [[ -n "${ATOLL_INIT:-}" ]]; then
+  args+=(--init "$ATOLL_INIT")
+fi
+if [[ "${ATOLL_NO_BUDGET:-0}" == 1 ]]; then
+  args+=(--no-budget)
+fi
+# after ATOLL_SET: where the syncer listens is this script's to say
+args+=(--set "host=${ATOLL_HOST:-0.0.0.0}" --set "port=$port")
+launch
