@@ -165,7 +165,7 @@ class Hosts:
     # -- processes, through the deploy scripts ------------------------------------------------
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
         """This machine's environment less any atoll or island variable, and the run's."""
-        own = ("ATOLL", "NPROC", "NNODES", "NODE_RANK", "RDZV_ENDPOINT")
+        own = ("ATOLL", "NPROC", "NNODES", "NODE_RANK", "RDZV_ENDPOINT", "LOCAL_ADDR")
         env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
         src = str(ROOT / "src")
         env["PYTHONPATH"] = os.pathsep.join(x for x in (src, env.get("PYTHONPATH")) if x)
@@ -211,6 +211,20 @@ class Hosts:
         env = self.learner_env(i, nproc)
         self.learner_procs[i] = self._start(i + 1, "island.sh", f"L{i}.log", env)
         return self.learner_procs[i]
+
+    def start_island_node(self, i: int, node: int, hosts: list[int], nproc: int = 1,
+                          rdzv_port: int = 29400) -> subprocess.Popen:  # fmt: skip
+        """deploy/island.sh for node `node` of island i, an island over len(hosts) hosts (island
+        host numbers, 0-based as in `start_learner`): torchrun's c10d rendezvous on the first
+        host, gloo over each host's own link (GLOO_SOCKET_IFNAME, as on a multi-NIC node)."""
+        first = self.net.islands[hosts[0] + 1]
+        here = self.net.islands[hosts[node] + 1]
+        env = self.learner_env(i, nproc)
+        env.update(NNODES=str(len(hosts)), NODE_RANK=str(node), GLOO_SOCKET_IFNAME=here.ns_if,
+                   RDZV_ENDPOINT=f"{first.ns_ip}:{rdzv_port}", LOCAL_ADDR=here.ns_ip)  # fmt: skip
+        proc = self._start(hosts[node] + 1, "island.sh", f"L{i}-node{node}.log", env)
+        self.learner_procs[100 * i + node] = proc
+        return proc
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until the syncer answers Status over TLS from the host (through its link)."""

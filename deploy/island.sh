@@ -13,6 +13,8 @@
 #   NNODES             nodes of this island; unset or 1: this node alone
 #   NODE_RANK          this node's rank in [0, NNODES) (with NNODES > 1)
 #   RDZV_ENDPOINT      host:port of the island's torchrun c10d rendezvous (with NNODES > 1)
+#   LOCAL_ADDR         this node's address for the island's ranks (with NNODES > 1; default:
+#                      what the node's host name resolves to)
 # and the run's settings (deploy/lib.sh): ATOLL_RUN_ID, ATOLL_SECRET_FILE or ATOLL_SECRET,
 # ATOLL_CONFIG, ATOLL_SET, ATOLL, ATOLL_DRY_RUN.
 set -euo pipefail
@@ -42,5 +44,8 @@ if ((nnodes > 1)); then
   [[ "${RDZV_ENDPOINT:-}" == ?*:[0-9]* ]] ||
     die "RDZV_ENDPOINT='${RDZV_ENDPOINT:-}' is not allowed: host:port of the island's rendezvous"
   args+=(--nnodes "$nnodes" --node-rank "$NODE_RANK" --rdzv-endpoint "$RDZV_ENDPOINT")
+  if [[ -n "${LOCAL_ADDR:-}" ]]; then
+    args+=(--local-addr "$LOCAL_ADDR")
+  fi
 fi
 launch

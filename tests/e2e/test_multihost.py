@@ -39,7 +39,7 @@ SETTINGS = {
     "learners": 2, "steps": 300, "pace_s": 0.03,
 }  # fmt: skip
 PREFIX, SUBNET = "amt", "10.84"  # not the benchmark's (amh, 10.81): both may run at once
-NPROC = None  # islands of one process; 2: torchrun islands of two ranks (atoll learner --nproc)
+NPROC = 2  # each island a torchrun job of two ranks (atoll learner --nproc 2; DDP, gloo)
 
 
 def test_islands_on_their_own_hosts_train_over_tls_and_keep_the_books_through_a_syncer_kill(
@@ -122,3 +122,29 @@ def test_hosts_remove_every_namespace_link_and_process_when_the_body_fails(netns
             raise RuntimeError("on purpose")
     assert syncer.poll() is not None  # ended (SIGTERM), not left running in a namespace
     assert hosts.leftovers(PREFIX) == [], names
+
+
+def test_one_island_over_two_hosts_is_one_learner(netns, tmp_path):
+    """`torchrun --nnodes 2` with its c10d rendezvous across two namespaces (deploy/island.sh
+    with NNODES, NODE_RANK, RDZV_ENDPOINT): one learner whose ranks are on two hosts, over
+    TLS to the syncer on a third; it trains the whole budget as one learner."""
+    settings = {**SETTINGS, "learners": 1, "steps": 150}
+    with hosts.Hosts(tmp_path, learners=2, mbps=4.0, settings=settings, prefix="amn",
+                     subnet="10.85") as h:  # fmt: skip
+        h.start_syncer()
+        h.wait_ready(120)
+        for node in (0, 1):
+            h.start_island_node(0, node, hosts=[0, 1])
+        codes = h.wait_learners(240)
+        assert h.stop_syncer() == 0, h.tail("syncer.log")
+    assert codes == {0: 0, 1: 0}, (h.tail("L0-node0.log"), h.tail("L0-node1.log"))
+    assert hosts.leftovers("amn") == []
+    final = json.loads((h.run_dir / "syncer_final.json").read_text())
+    events = read_events(h.run_dir / "events.jsonl")
+    joined = [e["data"] for e in events if e["kind"] == "joined"]
+    assert [j["learner"] for j in joined] == ["L0"], joined  # two hosts, one learner
+    budget = settings["steps"] * settings["batch"] * settings["context"]
+    # one incarnation of one learner trained the whole budget
+    assert list(final["tokens"].values()) == [budget] and final["lost_committed_rounds"] == 0
+    assert [k.split("/")[0] for k in final["tokens"]] == ["L0"], final
+    assert final["rounds"] >= 20, final

@@ -36,18 +36,8 @@ def dry_run(script: Path, env: dict[str, str]) -> list[str]:
 
 
 def parse(argv: list[str]):  # noqa: ANN201 - argparse.Namespace
-    """`atoll <argv>` through the real parser; island flags the learner does not know yet are
-    taken out first (asserted present by the callers)."""
-    command = argv[0]
-    known = {o for a in _sub(command)._actions for o in a.option_strings}
-    rest, i = [], 0
-    while i < len(argv):
-        if argv[i] in ISLAND_FLAGS and argv[i] not in known:
-            i += 2
-            continue
-        rest.append(argv[i])
-        i += 1
-    return build_parser(command).parse_args(rest)
+    """`atoll <argv>` through the real parser (an unknown flag fails it)."""
+    return build_parser(argv[0]).parse_args(argv)
 
 
 def _sub(command: str):  # noqa: ANN202

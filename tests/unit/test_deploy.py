@@ -92,15 +92,13 @@ def test_each_script_runs_its_atoll_command_with_flags_the_parser_has(script, co
     sub, flags = script_flags(script)
     assert sub == command
     assert {"--run-id", "--secret-file", "--set"} <= flags  # lib.sh's
-    missing = flags - ISLAND_FLAGS - options(command)
+    missing = flags - options(command)
     assert not missing, f"deploy/{script} passes {sorted(missing)}, unknown to atoll {command}"
 
 
-def test_island_flags_are_the_learners_once_it_has_them():
+def test_island_flags_are_the_learners():
     _, flags = script_flags("island.sh")
     assert ISLAND_FLAGS <= flags
-    if "--nproc" not in options("learner"):
-        pytest.skip("atoll learner has no --nproc yet: island.sh passes it only when NPROC > 1")
     assert ISLAND_FLAGS <= options("learner")
 
 

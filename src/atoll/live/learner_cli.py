@@ -43,7 +43,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     isl.add_argument("--nnodes", type=int, default=1, help="hosts of this island")
     isl.add_argument(
-        "--rdzv-endpoint", default="", help="with --nnodes > 1: host:port of the c10d rendezvous"
+        "--node-rank", type=int, default=0, help="this host's rank in [0, nnodes) (torchrun)"
+    )
+    isl.add_argument(
+        "--rdzv-endpoint",
+        default="",
+        help="with --nnodes > 1: host:port of the c10d rendezvous, on the node of --node-rank 0",
+    )
+    isl.add_argument(
+        "--local-addr",
+        default="",
+        help="with --nnodes > 1: this host's address for the island's ranks (default: what its "
+        "host name resolves to)",
     )
     isl.add_argument(
         "--max-restarts", type=int, default=0, help="torchrun restarts the island's ranks"
@@ -59,12 +70,17 @@ def _torchrun(args: argparse.Namespace, nproc: int, learner_id: str) -> None:
     argv += [f"--nnodes={args.nnodes}", f"--max-restarts={args.max_restarts}"]
     if args.nnodes > 1:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
-        argv += [f"--rdzv-id={args.run_id}-{learner_id}"]
+        argv += [f"--rdzv-id={args.run_id}-{learner_id}", f"--node-rank={args.node_rank}"]
+        # node 0 hosts the rendezvous store (torchrun's own guess, by host name, fails where
+        # the endpoint is an address of a second interface or of a container)
+        argv += [f"--rdzv-conf=is_host={int(args.node_rank == 0)}"]
+        argv += [f"--local-addr={args.local_addr}"] if args.local_addr else []
     else:
         argv += ["--standalone"]
     sys.stdout.flush()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.execv(sys.executable, [*argv, "-m", "atoll.cli", *args._argv])
+    # after "--": torchrun's parser would otherwise read this command's options as its own
+    os.execv(sys.executable, [*argv, "-m", "atoll.cli", "--", *args._argv])
 
 
 def _join_island(nproc: int, nnodes: int) -> int:
@@ -114,6 +130,8 @@ def main(args: argparse.Namespace) -> int:
     nproc = args.nproc or lcfg.island_sizes(scfg.learners)[args.index]
     if nproc < 1 or args.nnodes < 1:
         raise ConfigError("--nproc/--nnodes", f"{nproc}/{args.nnodes}", "integers >= 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ConfigError("--node-rank", args.node_rank, f"an integer in [0, {args.nnodes})")
     under_torchrun = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
     if nproc * args.nnodes > 1 and not under_torchrun:
         _torchrun(args, nproc, lid)  # does not return
