@@ -113,3 +113,20 @@ def test_the_digest_hashes_the_float32_bytes_without_a_copy():
     want = hashlib.blake2b(t.numpy().tobytes(), digest_size=16).digest()
     assert codec.digest(t) == want == codec.digest(t.double()) == codec.digest(t.t().t())
     assert codec.digest(t.t()) != want  # C order of the tensor as it is shaped
+
+
+def test_a_delta_is_written_into_the_buffer_the_driver_hands_out():
+    plan, syncer, lp, params = _pair()
+    _heal(syncer, lp)
+    bufs = {p: torch.full((f.numel,), float("nan")) for p, f in enumerate(plan.fragments)}
+    lp.delta_out = lambda p: bufs[p] if p % 2 == 0 else None  # odd fragments: none free
+    with torch.no_grad():
+        for t in params.values():
+            t.add_(0.5)
+    for step in range(1, plan.H + 1):
+        (send,) = lp.on_step(float(step), 10, 1.0)
+        o = send.message
+        want = lp.base[o.fragment] - plan.flatten(params, o.fragment)
+        assert torch.equal(o.delta, want)
+        in_buf = o.delta.data_ptr() == bufs[o.fragment].data_ptr()
+        assert in_buf == (o.fragment % 2 == 0)

@@ -274,10 +274,12 @@ class LearnerProtocol:
             carry = self.cfg.receipt == "carry"  # only then is theta kept past this line
             theta = self._flatten(p, copy=carry)
             buf = self.delta_out(p) if self.delta_out is not None else None
-            if buf is not None and buf.device == theta.device:
-                delta = torch.sub(self.base[p], theta, out=buf)
-            else:
+            if buf is None:
                 delta = self.base[p] - theta
+            elif buf.device == theta.device:
+                delta = torch.sub(self.base[p], theta, out=buf)
+            else:  # e.g. taken on a GPU, written once to the host memory the driver reads
+                delta = buf.copy_(self.base[p] - theta)
             work, self.unsent[p] = self.unsent[p], 0.0
             self.seq += 1
             self.outstanding[p] = Outstanding(
