@@ -12,6 +12,11 @@
 # atoll.Learner, rank 0 talks to the syncer); this needs the island API (a Learner that takes
 # torch.distributed ranks). Default: one rank, no torchrun.
 # --quick: 100M only, few steps (about a minute once set up).
+# After --, options for scale.py, e.g. `-- --syncer-set snapshot_every_s=3600` (the syncer's
+# snapshots of a large state cost the co-located loop about 2% at 100M on a CPU, BENCHMARKS.md
+# §7) or `-- --sizes 1B`.
+#
+# NOT RUN: written without a GPU; every step but the CUDA ones was checked on a CPU machine.
 #
 # The environment (the machine may reach no package index):
 # - a Python whose torch sees CUDA is looked for: $PYTHON, then .venv/bin/python, python3;

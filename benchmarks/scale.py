@@ -157,6 +157,8 @@ def main() -> int:
     cpus = sorted(os.sched_getaffinity(0))
     ap.add_argument("--train-cpus", default=str(cpus[0]), help="e.g. 0 or 0-3; '' leaves all")
     ap.add_argument("--comm-cpus", default=str(cpus[-1]), help="the comm child and the syncer")
+    ap.add_argument("--syncer-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of the syncer (e.g. snapshot_every_s=600)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=HERE / "results/scale/scale.json")
     args = ap.parse_args()
     sizes = args.sizes.split(",")
@@ -176,6 +178,8 @@ def main() -> int:
                   "device", "amp", "peak_tflops", "train_cpus", "comm_cpus"):  # fmt: skip
             if getattr(args, k) is not None:
                 cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+        for kv in args.syncer_set:
+            cmd += ["--syncer-set", kv]
         subprocess.run(cmd, check=True)
         rows.append(json.loads(out.read_text()))
         out.unlink()

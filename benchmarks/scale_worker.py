@@ -3,7 +3,7 @@ own); under `torchrun` one process per rank, an island of them (rank 0 reports).
 
     python benchmarks/scale_worker.py --size 100M --out result.json [--device cuda]
         [--steps 10 --repeats 5 --min-block-s 2 --warmup 3 --batch 4 --context 128]
-        [--train-cpus 0 --comm-cpus 1] [--amp bf16] [--threads 1]
+        [--train-cpus 0 --comm-cpus 1] [--amp bf16] [--threads 1] [--syncer-set KEY=VALUE]
 
 See scale.py for what it measures and how.
 """
@@ -137,8 +137,9 @@ def _start_syncer(loop: Loop, args: argparse.Namespace, run_dir: Path):
     if RANK == 0:
         atoll.save_init(loop.model, run_dir / "init.safetensors")
         t = time.perf_counter()
-        syncer, addr = start_syncer(run_dir, RUN, secret, ["learners=1", "schedule=push"],
-                                    run_dir / "init.safetensors", args.comm_cpus)  # fmt: skip
+        sets = ["learners=1", "schedule=push", *args.syncer_set]
+        syncer, addr = start_syncer(run_dir, RUN, secret, sets, run_dir / "init.safetensors",
+                                    args.comm_cpus)  # fmt: skip
         start_s = time.perf_counter() - t
     if WORLD > 1:
         got = [addr, secret]
@@ -281,6 +282,7 @@ def main() -> int:
     ap.add_argument("--min-block-s", type=float, default=2.0)
     ap.add_argument("--train-cpus", type=cpus, default=set())
     ap.add_argument("--comm-cpus", type=cpus, default=set())
+    ap.add_argument("--syncer-set", action="append", default=[], help="KEY=VALUE for the syncer")
     args = ap.parse_args()
     if args.train_cpus:
         os.sched_setaffinity(0, args.train_cpus)  # before torch starts any thread
