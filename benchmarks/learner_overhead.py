@@ -1,19 +1,12 @@
 """Learner overhead: step time of the built-in model with `learner.step` vs the same loop
 without atoll, measured side by side in one process.
 
-Design (this machine is shared and noisy; step times drift by tens of percent over seconds):
-- Both loops train the *same* model, optimizer and data stream; a block "without atoll" is a
-  block whose steps are not reported to the learner. Two separately allocated models can
-  differ in speed by a few percent from memory layout alone.
-- Blocks of `--steps-per-block` steps alternate (plain, atoll), in alternating order. Each
-  block pair gives a ratio of median step times, taken seconds apart; the overhead of a repeat
-  is the median of those ratios minus 1 (the ratio of the medians over all steps is reported
-  too).
+Method: benchmarks/sidebyside.py (the same model, optimizer and data in alternating blocks of
+`--steps-per-block` steps, plain and atoll; per repeat the median over block pairs of the
+ratio of median step times). Here:
 - `--repeats` times over, each with a fresh syncer, model and learner; the headline is the
-  median over repeats.
-- A syncer runs as a separate process on loopback, at nice 19: it stands for a remote host
-  and should not take this machine's cores from the loop being measured. The learner receives
-  the merged updates in the background and sends fragments (P = H = 24).
+  median over repeats. The learner receives the merged updates in the background and sends
+  fragments (P = H = 24).
 - Schedule: `push` (this benchmark's default) sends exactly one fragment per step, which is
   also the steady rate of the library's default `pull` schedule in a loop that never pauses.
   Here the atoll learner does pause (during the plain blocks), so under `pull` the step time
@@ -31,12 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import secrets
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,10 +33,13 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sidebyside import alternate, finish_plot, machine, overheads, start_syncer, stop_syncer  # noqa: E402
+
 
 def one_repeat(args: argparse.Namespace) -> dict:
     from atoll.config import SimConfig
-    from atoll.live.client import status, wait_ready
+    from atoll.live.client import status
     from atoll.live.learner import Learner
     from atoll.model.recipe import load_corpus, new_model
     from atoll.model.train import DataStream, new_inner_optimizer, train_step
@@ -55,20 +47,9 @@ def one_repeat(args: argparse.Namespace) -> dict:
     cfg = SimConfig()
     secret = secrets.token_hex(16)
     run_dir = Path(tempfile.mkdtemp(prefix="atoll-overhead-"))
-    env = {**os.environ, "ATOLL_SECRET": secret}
-    syncer = subprocess.Popen(
-        [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir), "--run-id",
-         "bench", "--no-budget", "--set", "learners=1", "--set", f"schedule={args.schedule}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        preexec_fn=lambda: os.nice(19),
-    )  # fmt: skip
+    sets = ["learners=1", f"schedule={args.schedule}"]
+    syncer, addr = start_syncer(run_dir, "bench", secret, sets)
     try:
-        while not (run_dir / "syncer.addr").exists():
-            if syncer.poll() is not None:
-                raise RuntimeError("syncer exited")
-            time.sleep(0.05)
-        addr = (run_dir / "syncer.addr").read_text()
-        wait_ready(addr, "bench", secret)
         model = new_model(cfg)
         opt = new_inner_optimizer(model, cfg)
         data = DataStream(cfg, load_corpus(cfg), 0)
@@ -95,28 +76,13 @@ def one_repeat(args: argparse.Namespace) -> dict:
         for _ in range(args.warmup):
             plain_step()
             atoll_step()
-        plain: list[list[float]] = []
-        with_atoll: list[list[float]] = []
-        for b in range(args.blocks):
-            order = [(plain, plain_step), (with_atoll, atoll_step)]
-            for sink, fn in order if b % 2 == 0 else order[::-1]:
-                sink.append([fn() for _ in range(args.steps_per_block)])
+        plain, with_atoll = alternate(args.blocks, args.steps_per_block, plain_step, atoll_step)
         learner.close()
         rounds = status(addr, "bench", secret).rounds
     finally:
-        syncer.send_signal(signal.SIGTERM)
-        syncer.wait(30)
-    ratios = [
-        statistics.median(a) / statistics.median(p) for p, a in zip(plain, with_atoll, strict=True)
-    ]
-    all_p = [x for blk in plain for x in blk]
-    all_a = [x for blk in with_atoll for x in blk]
+        stop_syncer(syncer)
     return {
-        "overhead_paired_median": statistics.median(ratios) - 1,
-        "overhead_of_medians": statistics.median(all_a) / statistics.median(all_p) - 1,
-        "block_ratios": ratios,
-        "median_step_plain_ms": 1e3 * statistics.median(all_p),
-        "median_step_atoll_ms": 1e3 * statistics.median(all_a),
+        **overheads(plain, with_atoll),
         "median_learner_step_call_ms": 1e3 * statistics.median(call_times),
         "rounds_merged_by_syncer": rounds,
         "pulls_received": learner.pulls,
@@ -140,20 +106,6 @@ def plot(result: dict, path: Path) -> None:
                label=f"median over repeats {100 * result['overhead_median']:+.1f}%")  # fmt: skip
     title = f"learner overhead, comm={result['comm']}, schedule={result['schedule']}"
     finish_plot(fig, ax, path, "block pair", "atoll / plain step time - 1 (%)", title)
-
-
-def finish_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
-    """The +3% target line, labels and legend; save the figure to `path`."""
-    import matplotlib.pyplot as plt
-
-    ax.axhline(3, color="r", ls="--", lw=1, label="target +3%")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main() -> int:
@@ -202,8 +154,7 @@ def main() -> int:
         "model": {"n_layer": cfg.n_layer, "d_model": cfg.d_model, "batch": cfg.batch,
                   "context": cfg.context, "P": cfg.P, "H": cfg.H, "codec": cfg.codec},
         "torch_threads": 1,
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "torch": torch.__version__},
+        "machine": machine(1),
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -46,7 +46,7 @@ def plot(result: dict, path: Path) -> None:
         label = f"{result[side]['name']}: median {100 * result[side]['median']:+.2f}%"
         ax.plot(range(1, len(vals) + 1), vals, "o-", color=color, label=label)
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from learner_overhead import finish_plot
+    from sidebyside import finish_plot
 
     title = f"learner overhead, {result['revision']} vs this tree, comm={result['comm']}"
     finish_plot(fig, ax, path, "pair", "learner overhead (%)", title)

@@ -19,6 +19,7 @@ import torch
 
 from atoll.core import codec
 from atoll.eventlog import read_events
+from atoll.live import shm
 from atoll.live.client import status, wait_ready
 from atoll.wire import PROTOCOL
 from atoll.wire import atoll_pb2 as pb
@@ -293,6 +294,11 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
         learner.step(tokens=64)
         time.sleep(0.03)
     rounds_before_flush = status(addr, RUN, SECRET).rounds
+    if comm == "process" and shm.available():  # vectors went through a few shared slots
+        slots = learner.port.slots
+        assert slots is not None and 1 <= slots.count <= shm.SLOTS
+        assert slots.up[slots.count * max(slots.sizes) :].abs().sum() == 0  # the rest untouched
+        assert slots.up.abs().sum() > 0 and not learner.port._reserved
     # an idle learner's communication side sleeps: no thread polls in a loop
     cpu0 = _comm_cpu_s(learner)
     time.sleep(1.0)

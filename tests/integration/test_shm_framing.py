@@ -17,7 +17,7 @@ def test_framed_messages_round_trip_and_contributions_travel_without_tensors():
     from atoll.core.messages import Outgoing
     from atoll.live.comm.child import _take_vectors
     from atoll.live.learner.framing import FrameReader, write_frame
-    from atoll.live.learner.messages import IN_SLOT, Reset, StepState, Submit
+    from atoll.live.learner.messages import Reset, StepState, Submit
 
     delta = torch.arange(6.0)
     o = Outgoing("L0", 1, 7, 3, 2, 64, 1.5, 0.1, 0.2, 1, delta)
@@ -32,10 +32,10 @@ def test_framed_messages_round_trip_and_contributions_travel_without_tensors():
     other = SharedSlots(fd, 10, 2)
     os.close(fd)
     assert slots.layout([4, 6]) and other.layout([4, 6])
-    assert slots.put(slots.up, 1, delta)
-    st = StepState(2, 64, 0.2, 0.1, (3, 3), (3, 4), (Submit(o, IN_SLOT),))
+    assert slots.put(slots.up, 1, delta) == 0
+    st = StepState(2, 64, 0.2, 0.1, (3, 3), (3, 4), (Submit(o, 0),))
     took = _take_vectors(pickle.loads(pickle.dumps(st)), other).submits[0]
-    assert torch.equal(took.outgoing.delta, delta) and slots.put(slots.up, 1, delta)  # freed
+    assert torch.equal(took.outgoing.delta, delta) and slots.put(slots.up, 1, delta) == 0  # freed
 
     class Counting:
         def __init__(self) -> None:
@@ -59,6 +59,6 @@ def test_framed_messages_round_trip_and_contributions_travel_without_tensors():
     writer.join(10)
     assert got[0] == msgs[0] and got[1] == msgs[1]
     assert got[2][0] == "bigger" and (got[2][1] == msgs[2][1]).all()
-    assert got[3].submits[0].vector == IN_SLOT and reader.read() == []
+    assert got[3].submits[0].vector == 0 and reader.read() == []
     ours.close()
     assert reader.read(wait=1.0) == [] and reader.closed  # the peer is gone

@@ -64,8 +64,13 @@ class ScriptedPort:
         self.sent.append(("contribution", o))
         return Submit(o)
 
-    def value_in(self, p: int, value: object) -> None:
+    delta_buffer = None  # deltas are new tensors
+
+    def value_in(self, p: int, value: object, copy: bool = True) -> None:
         return None
+
+    def done_with(self, value: object) -> None:
+        pass
 
     def get_all(self) -> list:
         out, self.now = self.now, []

@@ -59,8 +59,8 @@ def digest(t: torch.Tensor) -> bytes:
     skips fragments a fresh learner already holds (its Hello carries these by name)."""
     import hashlib
 
-    data = t.detach().to(torch.float32).contiguous().reshape(-1).numpy().tobytes()
-    return hashlib.blake2b(data, digest_size=16).digest()
+    data = t.detach().to(torch.float32).cpu().contiguous().reshape(-1).numpy()
+    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest()  # no copy
 
 
 def check_scheme(scheme: str, setting: str = "codec") -> str:
@@ -203,7 +203,7 @@ def decode(
         raise CodecError(
             f"group size {group} of a frame of {numel} values: must be in [1, {max(numel, 1)}]"
         )
-    body = frame[_HEADER.size :]
+    body = memoryview(frame)[_HEADER.size :]  # not a copy of the body
     if len(body) != blen:
         raise CodecError(f"body is {len(body)} bytes, header says {blen}")
     if zlib.crc32(body) != crc:
@@ -218,7 +218,7 @@ def decode(
     if numel == 0:
         return torch.zeros(0)
     if scheme == "fp32":
-        out = torch.frombuffer(bytearray(body), dtype=torch.float32).clone()
+        out = torch.frombuffer(bytearray(body), dtype=torch.float32)  # owns its bytearray
     elif scheme == "bf16":
         out = torch.frombuffer(bytearray(body), dtype=torch.int16).view(torch.bfloat16).float()
     else:

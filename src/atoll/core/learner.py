@@ -17,6 +17,10 @@ Life of fragment p on a learner:
 If the answer has not arrived by step s + tau, `blocked()` names p and the driver waits.
 Updates that do not answer a send of ours are kept (latest wins) and applied with the answer.
 
+Memory: one copy of the model besides the parameters. `base[p]` is `latest[p]` (one tensor)
+until a newer value arrives: no tensor it holds is ever changed in place (updates, heals and
+receipts make new ones). Values live on the device of their fragment's parameters.
+
 Encoding is the driver's: a send is an `Outgoing` (the raw delta and its counters); the driver
 encodes it with its `codec.ContributionEncoder` in send order. Goodput's books are kept here:
 each step's time is split evenly over the P fragments, and a send carries (`work_s`) the
@@ -25,11 +29,11 @@ fragment's share since its previous send; `final_flush` sends every fragment wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-from atoll.core import codec
+from atoll.core import codec, learner_state
 from atoll.core.budget import BudgetShare
 from atoll.core.counters import FragmentCounters
 from atoll.core.events import Applied, Blocked, Event, Healed, HealNeeded, PushRefused
@@ -86,6 +90,9 @@ class LearnerProtocol:
         self.phase = Phase.JOINING
         self.wait_since = 0.0  # when the current wait began (WAITING)
         self.budget = budget if budget is not None else BudgetShare()
+        # where the driver wants fragment p's delta written (e.g. memory its communication
+        # side reads), or None: a new tensor; set by a driver, never by the simulator
+        self.delta_out: Callable[[int], torch.Tensor | None] | None = None
 
     @property
     def healed(self) -> bool:
@@ -103,6 +110,11 @@ class LearnerProtocol:
         flat = self.flat
         t = flat.flatten(p, copy) if flat is not None else self.plan.flatten(self.params, p)
         return t if t.device.type == "cpu" else t.cpu()
+
+    def _on_device(self, p: int, value: torch.Tensor) -> torch.Tensor:
+        """`value` on the device of fragment p's parameters (itself when it is there)."""
+        device = self.params[self.plan.fragments[p].names[0]].device
+        return value if value.device == device else value.to(device)
 
     def _assign(self, p: int, value: torch.Tensor) -> None:
         if self.flat is not None:
@@ -122,13 +134,14 @@ class LearnerProtocol:
                 self.latest[u.fragment] = self._flatten(u.fragment)
             elif u.kind == "full":
                 numel = self.plan.fragments[u.fragment].numel
-                self.latest[u.fragment] = codec.decode(u.payload, numel)
+                value = codec.decode(u.payload, numel)
+                self.latest[u.fragment] = self._on_device(u.fragment, value)
             else:
                 raise ValueError("a heal carries full or held values only")
             self.latest_version[u.fragment] = u.version
         if min(self.latest_version) < 0:
             raise ValueError("heal is missing fragments")
-        self.base = [v.clone() for v in self.latest]
+        self.base = list(self.latest)  # the same tensors (never changed in place)
         self.base_version = list(self.latest_version)
         for p in range(self.plan.P):
             self._assign(p, self.base[p])
@@ -262,7 +275,13 @@ class LearnerProtocol:
         for p in fragments:
             carry = self.cfg.receipt == "carry"  # only then is theta kept past this line
             theta = self._flatten(p, copy=carry)
-            delta = self.base[p] - theta
+            buf = self.delta_out(p) if self.delta_out is not None else None
+            if buf is None:
+                delta = self.base[p] - theta
+            elif buf.device == theta.device:
+                delta = torch.sub(self.base[p], theta, out=buf)
+            else:  # e.g. taken on a GPU, written once to the host memory the driver reads
+                delta = buf.copy_(self.base[p] - theta)
             work, self.unsent[p] = self.unsent[p], 0.0
             self.seq += 1
             self.outstanding[p] = Outstanding(
@@ -295,8 +314,9 @@ class LearnerProtocol:
     def on_update(self, now: float, u: FragmentUpdate, value: torch.Tensor | None = None) -> list:
         """A broadcast update arrived. `value`, when given, is `u.payload` already decoded (a
         flat float32 tensor, e.g. decoded by a driver's communication thread); it is then used
-        as is (not copied, not changed) instead of decoding the payload here. A delta that
-        does not chain onto what the learner has asks for a heal (`HealRequest`)."""
+        as is (not copied, not changed) instead of decoding the payload here: a full value is
+        kept, a delta only read during this call. A delta that does not chain onto what the
+        learner has asks for a heal (`HealRequest`)."""
         p = u.fragment
         if not self.healed or u.version <= self.latest_version[p]:
             return []
@@ -314,6 +334,7 @@ class LearnerProtocol:
                 f"decoded update for fragment {p} is {value.dtype} {tuple(value.shape)}, "
                 f"expected float32 ({numel},)"
             )
+        value = self._on_device(p, value)
         self.latest[p] = value if u.kind == "full" else self.latest[p] + value
         self.latest_version[p] = u.version
         rec = self.outstanding.get(p)
@@ -344,7 +365,7 @@ class LearnerProtocol:
                 local = self._flatten(p)
                 new = receive(self.cfg.receipt, local, self.latest[p], r.at_send, self.cfg.alpha)
                 self._assign(p, new)
-            self.base[p] = self.latest[p].clone()
+            self.base[p] = self.latest[p]  # shared until a newer value arrives
             self.base_version[p] = self.latest_version[p]
             if self.cfg.receipt == "carry":
                 self.counters.reset(
@@ -360,40 +381,7 @@ class LearnerProtocol:
     def state_dict(self) -> dict:
         """The protocol's state (copies; the parameters are the model's, not in it): a learner
         process restored with it and its model's weights goes on where it was."""
-        return {
-            "step": self.step,
-            "seq": self.seq,
-            "generation": self.generation,
-            "healed": self.healed,
-            "phase": self.phase.value,
-            "budget": self.budget.state_dict(),
-            "step_time": self.step_time.value,
-            "work_s": self.work_s,
-            "unsent": list(self.unsent),
-            "counters": self.counters.state_dict(),
-            "base": [t.clone() for t in self.base],
-            "base_version": list(self.base_version),
-            "latest": [t.clone() for t in self.latest],
-            "latest_version": list(self.latest_version),
-            "outstanding": {p: r.state() for p, r in self.outstanding.items()},
-            "pulled": sorted(self.pulled),
-        }
+        return learner_state.state_of(self)
 
     def load_state_dict(self, st: dict) -> None:
-        if len(st["unsent"]) != self.plan.P:
-            raise ValueError(f"state has {len(st['unsent'])} fragments, the plan {self.plan.P}")
-        self.step, self.seq, self.generation = st["step"], st["seq"], st["generation"]
-        self.step_time.value, self.work_s = st["step_time"], st["work_s"]
-        self.phase = Phase(st.get("phase", Phase.RUNNING if st["healed"] else Phase.JOINING))
-        self.wait_since = 0.0
-        self.budget.load_state_dict(st.get("budget", {}))
-        if self.phase is Phase.WAITING:  # a wait does not outlive its process
-            self.phase = Phase.RUNNING
-        self.unsent = list(st["unsent"])
-        self.counters.load_state_dict(st["counters"])
-        self.base = [t.clone() for t in st["base"]]
-        self.base_version = list(st["base_version"])
-        self.latest = [t.clone() for t in st["latest"]]
-        self.latest_version = list(st["latest_version"])
-        self.outstanding = {p: Outstanding.of(r) for p, r in st["outstanding"].items()}
-        self.pulled = set(st["pulled"])
+        learner_state.load_into(self, st)

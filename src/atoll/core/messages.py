@@ -35,10 +35,11 @@ class Contribution:
 class Outgoing:
     """Learner protocol -> its driver: a contribution still to be encoded.
 
-    `delta` is base - theta (flat float32, a fresh tensor the receiver owns), taken at the
-    step boundary. The driver owns the encoder and its error feedback
-    (`codec.ContributionEncoder`) and encodes in send order; `generation` counts the
-    learner's heals, so that residuals start over after one and older sends are dropped."""
+    `delta` is base - theta (flat float32, a fresh tensor the receiver owns, or the buffer
+    the driver asked for: `LearnerProtocol.delta_out`), taken at the step boundary. The
+    driver owns the encoder and its error feedback (`codec.ContributionEncoder`) and encodes
+    in send order; `generation` counts the learner's heals, so that residuals start over
+    after one and older sends are dropped."""
 
     learner: str
     fragment: int

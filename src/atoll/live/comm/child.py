@@ -24,7 +24,6 @@ import torch
 from atoll.live.comm.side import Comm
 from atoll.live.learner.framing import FrameReader, write_frame
 from atoll.live.learner.messages import (
-    IN_SLOT,
     FromComm,
     Start,
     StepState,
@@ -63,10 +62,9 @@ class _Outbox:
             slots.layout(self.comm.fragment_sizes())  # the fragment sizes, plan order
         elif isinstance(item, UpdateReceived) and isinstance(item.value, torch.Tensor):
             u, value = item.update, item.value
-            if slots is not None and slots.put(slots.down, u.fragment, value):
-                item = UpdateReceived(u, IN_SLOT)
-            else:  # numpy pickles plainly; torch would not
-                item = UpdateReceived(u, value.numpy())
+            slot = None if slots is None else slots.put(slots.down, u.fragment, value)
+            # in a slot, or as numpy (pickles plainly; torch would not)
+            item = UpdateReceived(u, value.numpy() if slot is None else slot)
         try:
             write_frame(self.sock, item)
         except OSError:
@@ -79,9 +77,9 @@ def _take_vectors(st: StepState, slots: SharedSlots | None) -> StepState:
         return st
     out = []
     for s in st.submits:
-        if isinstance(s.vector, str) and s.vector == IN_SLOT:
+        if isinstance(s.vector, int):
             assert slots is not None, "a vector in a slot, but no slots"
-            out.append(s.with_delta(slots.take(slots.up, s.outgoing.fragment)))
+            out.append(s.with_delta(slots.take(slots.up, s.vector, s.outgoing.fragment)))
         elif s.vector is not None:
             out.append(s.with_delta(torch.from_numpy(s.vector)))  # type: ignore[arg-type]
         else:

@@ -223,6 +223,7 @@ class Learner:
                     cfg = dataclasses.replace(cfg, max_wait_s=self.wait_s)
                     flat = self._fragments(plan)
                     self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat, self.budget)
+                    self.proto.delta_out = self.port.delta_buffer  # e.g. into a shared slot
                     self.port.layout([f.numel for f in plan.fragments])
                     self._apply_heal(heal)
                     return
@@ -358,9 +359,14 @@ class Learner:
         match item:
             case UpdateReceived(u, value):
                 self.bytes_down += len(u.payload)
-                # decoded by the communication side (from the child: in a slot or an array)
-                tensor = self.port.value_in(u.fragment, value)
-                self._outputs(proto.on_update(time.time(), u, tensor))
+                # decoded by the communication side (from the child: in a slot or an array);
+                # a delta is only read (on_update): it may be read where it is
+                keep = u.kind == "full"
+                tensor = self.port.value_in(u.fragment, value, copy=keep)
+                try:
+                    self._outputs(proto.on_update(time.time(), u, tensor))
+                finally:
+                    self.port.done_with(value)
             case PullReceived(pull, received_at):
                 self.pulls += 1
                 self.pull_latency_s.append(max(received_at - pull.at, 0.0))
@@ -413,6 +419,8 @@ class Learner:
         if port is not None:
             port.close()
             self.port = ClosedPort()
+        if getattr(self, "proto", None) is not None:
+            self.proto.delta_out = None  # no more shared slots
 
     def __enter__(self) -> Learner:
         return self

@@ -10,26 +10,25 @@ Up (communication -> training): `Welcomed`, `HealReceived`, `UpdateReceived`, `P
 `CommStatus`, `RefusalReceived`, `CommFailed`, `BeatDone`.
 
 Vectors stay out of the pickles where they can: in process mode a contribution's delta (up)
-and a decoded update (down) go through the shared slots (atoll.live.shm) and the message says
-`IN_SLOT`, or they travel as numpy arrays (which pickle plainly; a torch tensor costs ~0.25 ms).
+and a decoded update (down) go through the shared slots (atoll.live.shm) and the message names
+the slot (an int), or they travel as numpy arrays (which pickle plainly; a torch tensor costs
+~0.25 ms).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 import torch
 
 from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Pull
 
-IN_SLOT: Final = "in-slot"  # process mode: the vector is in its fragment's shared slot
-
-# a vector in a message: the tensor itself (thread mode), a numpy array or IN_SLOT (process
-# mode), or None (none: the receiver decodes the payload itself)
-Vector: TypeAlias = "torch.Tensor | np.ndarray | str | None"
+# a vector in a message: the tensor itself (thread mode), a numpy array or the number of the
+# shared slot it is in (process mode), or None (none: the receiver decodes the payload itself)
+Vector: TypeAlias = "torch.Tensor | np.ndarray | int | None"
 
 
 @dataclass(frozen=True)
@@ -56,16 +55,16 @@ class CommOptions:
 @dataclass(frozen=True)
 class Submit:
     """A contribution handed over, still to be encoded. `outgoing.delta` is the vector unless
-    `vector` carries it (process mode: IN_SLOT or a numpy array). Pickling never includes the
-    delta tensor itself: it travels as `vector` (a numpy array when not set)."""
+    `vector` carries it (process mode: a slot number or a numpy array). Pickling never
+    includes the delta tensor itself: it travels as `vector` (a numpy array when not set)."""
 
     outgoing: Outgoing
-    vector: np.ndarray | str | None = None
+    vector: np.ndarray | int | None = None
 
     def __reduce__(self) -> tuple:
         o = self.outgoing
         meta = tuple(getattr(o, name) for name in _META)
-        vector = self.vector if self.vector is not None else o.delta.numpy()
+        vector = self.vector if self.vector is not None else o.delta.cpu().numpy()
         return (_rebuild_submit, (meta, vector))
 
     def with_delta(self, delta: torch.Tensor) -> Submit:
@@ -79,7 +78,7 @@ _META = tuple(f.name for f in dataclasses.fields(Outgoing))[:-1]
 assert dataclasses.fields(Outgoing)[-1].name == "delta"
 
 
-def _rebuild_submit(meta: tuple, vector: np.ndarray | str) -> Submit:
+def _rebuild_submit(meta: tuple, vector: np.ndarray | int) -> Submit:
     """The receiving side of a pickled `Submit`: the vector as `vector`, no delta yet."""
     return Submit(Outgoing(*meta, delta=_NO_DELTA), vector)
 

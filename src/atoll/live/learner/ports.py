@@ -1,12 +1,15 @@
 """Where a learner's communication side runs: threads of this process, or a child process.
 
 A port takes the training side's messages (`send`), hands back what the communication side
-says (`get`, `get_all`), and moves vectors: `submit` wraps a contribution for the trip,
-`value_in` turns a received update's vector into a tensor.
+says (`get`, `get_all`), and moves vectors: `delta_buffer` (None, or a method: where the
+protocol writes a contribution's delta, `LearnerProtocol.delta_out`), `submit` wraps a
+contribution for the trip, `value_in` turns a received update's vector into a tensor (a copy,
+or with `copy=False` possibly the memory it arrived in, until `done_with`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import socket
@@ -23,24 +26,27 @@ from atoll.live import shm
 from atoll.live.comm import Comm
 from atoll.live.learner.framing import FrameReader, write_frame
 from atoll.live.learner.messages import (
-    IN_SLOT,
     Close,
     CommFailed,
     CommOptions,
     FromComm,
     Start,
+    StepState,
     Submit,
     ToComm,
     Vector,
 )
 from atoll.live.shm import SharedSlots
 
-# shared slots hold 2 x 4 bytes per parameter; above this (2 GiB) vectors go in the messages
+# the shared memory file is sized for 2 x 4 bytes per parameter (only the slots written take
+# memory: atoll.live.shm); above this (2 GiB) vectors go in the messages
 MAX_SLOT_VALUES = 1 << 28
 
 
 class ThreadPort:
     """The communication side in threads of this process."""
+
+    delta_buffer = None  # a delta is a new tensor, which the comm thread reads
 
     def __init__(self, opts: CommOptions) -> None:
         self.inbox: queue.SimpleQueue[FromComm] = queue.SimpleQueue()
@@ -54,11 +60,16 @@ class ThreadPort:
         pass
 
     def submit(self, o: Outgoing) -> Submit:
+        if o.delta.device.type != "cpu":  # the comm thread encodes from host memory
+            o = dataclasses.replace(o, delta=o.delta.cpu())
         return Submit(o)  # the comm thread reads the fresh delta tensor itself: no copy
 
-    def value_in(self, p: int, value: Vector) -> torch.Tensor | None:
+    def value_in(self, p: int, value: Vector, copy: bool = True) -> torch.Tensor | None:
         assert value is None or isinstance(value, torch.Tensor)
-        return value
+        return value  # decoded for this learner alone: its own already
+
+    def done_with(self, value: Vector) -> None:
+        pass
 
     def get_all(self) -> list[FromComm]:
         out = []
@@ -86,6 +97,7 @@ class ProcessPort:
 
     def __init__(self, opts: CommOptions, total: int, nflags: int) -> None:
         self.slots: SharedSlots | None = None
+        self._reserved: dict[int, int] = {}  # data_ptr -> up slot reserved for a delta
         fds, shm_args = [], []
         if shm.available() and 0 < total <= MAX_SLOT_VALUES:
             self.slots, fd = SharedSlots.create(total, nflags)
@@ -112,6 +124,10 @@ class ProcessPort:
         self.send(Start(opts))
 
     def send(self, msg: ToComm) -> None:
+        if self._reserved and isinstance(msg, StepState):  # its submits are in: none is left
+            self._reserved.clear()
+            if self.slots is not None:
+                self.slots.release(self.slots.up)
         if self.dead:
             return
         try:
@@ -123,18 +139,42 @@ class ProcessPort:
         if self.slots is not None and not self.slots.layout(numels):
             self.slots = None
 
-    def submit(self, o: Outgoing) -> Submit:
-        if self.slots is not None and self.slots.put(self.slots.up, o.fragment, o.delta):
-            return Submit(o, IN_SLOT)
-        return Submit(o, o.delta.numpy())
+    def delta_buffer(self, p: int) -> torch.Tensor | None:
+        """A free up slot for fragment p's delta (the protocol writes it there: no copy at
+        `submit`), or None."""
+        got = None if self.slots is None else self.slots.reserve(self.slots.up, p)
+        if got is None:
+            return None
+        self._reserved[got[1].data_ptr()] = got[0]
+        return got[1]
 
-    def value_in(self, p: int, value: Vector) -> torch.Tensor | None:
-        if isinstance(value, str) and value == IN_SLOT and self.slots is not None:
-            return self.slots.take(self.slots.down, p)
+    def submit(self, o: Outgoing) -> Submit:
+        if self.slots is not None:
+            slot = self._reserved.pop(o.delta.data_ptr(), None)  # written in place
+            if slot is not None:
+                self.slots.commit(self.slots.up, slot)
+            else:
+                slot = self.slots.put(self.slots.up, o.fragment, o.delta)
+            if slot is not None:
+                return Submit(o, slot)
+        return Submit(o, o.delta.cpu().numpy())
+
+    def value_in(self, p: int, value: Vector, copy: bool = True) -> torch.Tensor | None:
+        """The vector as a tensor; with `copy=False` one in a slot is read in place and the
+        slot stays busy until `done_with`."""
+        if isinstance(value, int):
+            assert self.slots is not None, "a vector in a slot, but no slots"
+            if copy:
+                return self.slots.take(self.slots.down, value, p)
+            return self.slots.view(self.slots.down, value, p)
         if value is None or isinstance(value, torch.Tensor):
             return value
-        assert not isinstance(value, str), value
         return torch.from_numpy(value)
+
+    def done_with(self, value: Vector) -> None:
+        """A vector read in place (`value_in(copy=False)`) is no longer needed."""
+        if isinstance(value, int) and self.slots is not None:
+            self.slots.free(self.slots.down, value)
 
     def get_all(self) -> list[FromComm]:
         """Everything waiting now, with one read of the socket (then a `CommFailed` once, if
