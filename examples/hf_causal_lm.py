@@ -13,8 +13,8 @@ from ATOLL_SECRET or --secret-file.
 
 Inside a torchrun island (RANK and WORLD_SIZE set), every rank runs this script: the ranks
 form a gloo process group, the model is wrapped in DistributedDataParallel, every rank makes
-the atoll.Learner (with the unwrapped model; rank 0 talks to the syncer) and samples its own
-batches.
+the atoll.Learner (rank 0 talks to the syncer; the Learner finds the process group itself) and
+samples its own batches.
 """
 
 from __future__ import annotations
@@ -70,14 +70,13 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1000 * args.seed + rank)  # each rank its own batches
     model = build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    # atoll.Learner first: it heals the model from the syncer, then DDP starts every rank there;
-    # in an island the ranks are one learner (rank 0 talks to the syncer)
-    island = {"group": torch.distributed.group.WORLD} if distributed else {}
+    net = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    # in an island every rank makes the Learner (with the model itself, not the DDP wrapper):
+    # the ranks are one learner, rank 0 talks to the syncer, and every rank is healed from it
     learner = atoll.Learner(
         model, opt, syncer=args.syncer, learner_id=args.learner_id, run_id=args.run_id,
-        secret_file=args.secret_file, **island,
+        secret_file=args.secret_file,
     )  # fmt: skip
-    net = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
 
     for step in range(args.steps):
         tokens, _ = ByteCorpus.batch(data, args.batch, CONTEXT, gen)  # random windows
@@ -91,7 +90,8 @@ def main() -> None:
         if learner.should_stop:  # the run's token budget is spent
             break
     learner.finish()
-    if distributed:
+    if distributed:  # the DDP wrapper first: it holds the process group
+        del net
         torch.distributed.destroy_process_group()
 
 

@@ -105,11 +105,10 @@ class LearnerProtocol:
         return self.counters.total_tokens
 
     def _flatten(self, p: int, copy: bool = True) -> torch.Tensor:
-        """Fragment p of the parameters, flat, on the CPU (where the global values are);
-        `copy=False` may return the live buffer of CPU parameters."""
+        """Fragment p of the parameters, flat, on their device; `copy=False` may return the
+        live buffer."""
         flat = self.flat
-        t = flat.flatten(p, copy) if flat is not None else self.plan.flatten(self.params, p)
-        return t if t.device.type == "cpu" else t.cpu()
+        return flat.flatten(p, copy) if flat is not None else self.plan.flatten(self.params, p)
 
     def _on_device(self, p: int, value: torch.Tensor) -> torch.Tensor:
         """`value` on the device of fragment p's parameters (itself when it is there)."""

@@ -206,6 +206,11 @@ def main(args: argparse.Namespace) -> int:
         learner.close()
         return 130
     learner.finish()
+    if under_torchrun:  # the DDP wrapper first (it holds the process group), then the group
+        import torch.distributed as dist
+
+        del step_model
+        dist.destroy_process_group()
     return 0
 
 

@@ -194,7 +194,7 @@ class IslandFragments:
         for n in self.plan.fragments[p].names:
             t = self.params[n].detach()
             t = t.full_tensor() if is_sharded(t) else t
-            parts.append(t.reshape(-1).to("cpu", torch.float32))
+            parts.append(t.reshape(-1).float())
         return torch.cat(parts)
 
     def scatter(self, p: int, flat: torch.Tensor | None = None) -> None:
