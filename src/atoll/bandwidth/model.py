@@ -33,23 +33,26 @@ default) gives the payload alone, the unit of the paper's figures.
 Fixed costs on the wire (live runs): every sync also costs bytes that do not grow with its
 payload, and a live runtime sends some bytes whatever it syncs. Average rate on the wire:
     framing * X / (g * s)  +  8 * message_bytes / (g * s)  +  control_bps
-  message_bytes  bytes per sync on a link, per direction, beyond framing * payload. For atoll's
+  message_bytes  bytes per sync on a link, per direction, beyond framing * payload. In atoll's
                  Decoupled exchange (one fragment up, its merged update down): the PushOne call
-                 and its reply (gRPC/HTTP2 HEADERS with the run id, token and protocol
-                 metadata, the ContributionHeader, trailers), the pull sent down on the Pulls
-                 stream, the UpdateHeader of the broadcast, TLS record headers and tags, and
-                 the TCP/IP headers of part-filled segments and of their ACKs; a round split in
-                 two (a late answer) adds one more broadcast. None of it is derived: it is
-                 measured, per direction, by benchmarks/wire_overhead.py (links shaped with tc,
-                 TLS and the secret, payloads of three sizes from the syncer's books), written to
-                 benchmarks/results/multihost/wire_overhead.json (BENCHMARKS.md section 7).
-                 For an all-reduce, a sync is several messages: give their total.
-  control_bps    bits/s per link per direction that do not depend on syncs: atoll's heartbeat
-                 calls (one every heartbeat_s, 0.5 s by default) and their replies, measured by
-                 the same script with heartbeats ten times as often.
-Both default to 0 (the paper's figures are payload only). They enter `average_rate` only: what
-a link carries on average; the required bandwidth stays the payload's (framing is not in it
-either).
+                 and its reply (HTTP/2 HEADERS with the run id, token and protocol metadata, the
+                 ContributionHeader, trailers), the pull sent down the Pulls stream, the
+                 broadcast's UpdateHeader, TLS records, and the Ethernet/IP/TCP headers of the
+                 part-filled segments and ACKs these take (about 3 frames of 66 bytes each way).
+                 A round split in two (a late answer) adds a broadcast the model does not count.
+  control_bps    bits/s per link per direction whatever is synced: atoll's heartbeat calls (one
+                 every heartbeat_s, 0.5 s by default) and their replies.
+None of these is derived from first principles: benchmarks/wire_overhead.py measures them on
+links shaped with tc, with TLS and the secret, P = H = 24, 50 ms steps, fragment payloads of
+0.8, 1.6 and 5.1 kB a step (and one run with heartbeats 5x as often), three repeats, and fits
+wire = framing * payload + message_bytes * exchanges + beat_bytes * heartbeats per direction
+(benchmarks/results/multihost/wire_overhead.json, BENCHMARKS.md section 7): up 463 B and 4.0
+kbit/s, down 431 B and 2.8 kbit/s, with framing 1.099 up and 1.092 down (the fitted framing is
+above WIRE_FRAMING's 1.069; with 1.069 held fixed the fit gives 554 / 501 B and fits the runs
+less well). Both default to 0: the paper's figures are payload only. They enter
+`average_rate` only, what a link carries on average; the required bandwidth stays the
+payload's (framing is not in it either). For an all-reduce a sync is several messages: give
+their total.
 """
 
 from __future__ import annotations
