@@ -272,8 +272,9 @@ class Hosts:
 
     # -- the links ----------------------------------------------------------------------------
     def counters(self) -> list[dict[str, int]]:
-        """Frame bytes each host sent (tx) and received (rx) on its link: syncer first."""
-        return [isl.counters() for isl in self.net.islands]
+        """Frame bytes and frames each host sent (tx) and received (rx) on its link, and its
+        TCP segments sent, retransmitted and received: syncer first."""
+        return [{**isl.counters(), **isl.tcp_counters()} for isl in self.net.islands]
 
     def sample_links(self, every_s: float = 1.0) -> None:
         """Record every host's counters every `every_s` in `samples` (a thread), until exit."""
@@ -282,7 +283,8 @@ class Hosts:
             while not self._stop_sampling.is_set():
                 try:
                     self.samples.append({"t": time.time(), "hosts": self.counters()})
-                except (RuntimeError, json.JSONDecodeError, IndexError):
+                except (RuntimeError, json.JSONDecodeError, IndexError,
+                        subprocess.CalledProcessError, ValueError):  # fmt: skip
                     return  # the namespaces are going away
                 self._stop_sampling.wait(every_s)
 

@@ -9,6 +9,13 @@ value (`--codec int4`: its frames, zstd included, about 3.71; the nominal 4.25, 
 bf16 scale per 64 values, over-predicted by 14%: BENCHMARKS.md §5) and `--framing` 1.069
 (TCP/IP headers, atoll.bandwidth.model), per link and direction.
 
+It leaves out the wire's fixed costs (`--message-bytes`, `--control-bps`: 0). Those were
+calibrated by benchmarks/wire_overhead.py with TLS, 50 ms steps and fragments of 0.8-5.1 kB on
+average (430-460 B per exchange, 2.8-4.0 kbit/s of heartbeats, BENCHMARKS.md §7); this
+scenario runs without TLS, at about 0.75 s per step, on fragments of about 17 kB. There, at
+the calibrated values, they would be 4-5% of the prediction; they are not calibrated for it,
+so they are not added.
+
     python benchmarks/peer/bandwidth_check.py benchmarks/results/peer
 
 Writes bandwidth_check.json beside results.json.

@@ -88,10 +88,23 @@ class Island:
         """The command line ``argv``, run inside this namespace."""
         return ["ip", "netns", "exec", self.name, *argv]
 
+    def tcp_counters(self) -> dict:
+        """This namespace's TCP segment counters (/proc/net/snmp): segments sent (pure ACKs
+        included), retransmitted and received."""
+        out = subprocess.run(self.wrap(["cat", "/proc/net/snmp"]), capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        names, values = (line.split()[1:] for line in out.splitlines() if line.startswith("Tcp:"))
+        tcp = dict(zip(names, (int(v) for v in values), strict=True))
+        return {"tcp_out_segs": tcp["OutSegs"], "tcp_retrans_segs": tcp["RetransSegs"],
+                "tcp_in_segs": tcp["InSegs"]}  # fmt: skip
+
     def counters(self) -> dict:
-        """Frame bytes sent (tx) and received (rx) by the namespace end, i.e. by the learner."""
+        """Frame bytes sent (tx) and received (rx) by the namespace end, i.e. by the learner,
+        and frames (``tx_packets``, ``rx_packets``)."""
         link = json.loads(_run(f"ip -n {self.name} -s -j link show dev {self.ns_if}"))[0]
-        return {f"{k}_bytes": link["stats64"][k]["bytes"] for k in ("tx", "rx")}
+        return {
+            f"{k}_{u}": link["stats64"][k][u] for k in ("tx", "rx") for u in ("bytes", "packets")
+        }
 
 
 def leftovers(prefix: str) -> list[str]:

@@ -108,12 +108,57 @@ def test_measured_vs_predicted_on_synthetic_traffic() -> None:
         ({"fragments": 48}, "fragments"),
         ({"tau": 0}, "tau"),
         ({"latency_s": -1}, "latency_s"),
+        ({"message_bytes": -1.0}, "message_bytes"),
+        ({"message_bytes": math.nan}, "message_bytes"),
+        ({"message_bytes": math.inf}, "message_bytes"),
+        ({"control_bps": -0.5}, "control_bps"),
+        ({"control_bps": math.nan}, "control_bps"),
     ],
 )
 def test_bad_config_names_the_setting(change: dict, setting: str) -> None:
     with pytest.raises(ConfigError) as err:
         replace(C, **change)
     assert err.value.setting == setting
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"{setting}=")
+
+
+@pytest.mark.parametrize(
+    ("fragments", "H", "step_s"), [(24, 24, 1.0), (12, 24, 0.05), (4, 24, 2.0)]
+)
+def test_message_bytes_add_exactly_syncs_times_bytes(fragments: int, H: int, step_s: float):
+    """Over a duration, message_bytes adds (syncs in it) x bytes and control_bps its bits/s,
+    on top of the payload term, which they leave alone; the required bandwidth is untouched."""
+    base = replace(C, fragments=fragments, H=H, step_s=step_s, framing=1.069)
+    duration = 3600.0
+    syncs = duration / (H / fragments * step_s)  # Decoupled: one fragment every H/P steps
+    for method in METHODS:
+        with_msg = replace(base, message_bytes=450.0)
+        extra = (average_rate(method, with_msg) - average_rate(method, base)) * duration / 8
+        per_sync = {"dp": 1, "diloco": H, "streaming": H / fragments, "decoupled": H / fragments}
+        assert extra == pytest.approx(450.0 * duration / (per_sync[method] * step_s))
+        with_ctl = replace(with_msg, control_bps=3000.0)
+        added = average_rate(method, with_ctl) - average_rate(method, with_msg)
+        assert added == pytest.approx(3000.0)
+        assert required_bandwidth(method, with_ctl) == required_bandwidth(method, base)
+    extra = average_rate("decoupled", replace(base, message_bytes=450.0)) - average_rate(
+        "decoupled", base
+    )
+    assert extra * duration / 8 == pytest.approx(syncs * 450.0)
+    # the measured/predicted ratio falls by exactly the overhead's share of the prediction
+    exact = average_rate("decoupled", base) * duration / 8
+    c = replace(base, message_bytes=450.0)
+    assert measured_vs_predicted("decoupled", c, exact + syncs * 450.0, duration) == (
+        pytest.approx(1.0)
+    )
+
+
+def test_cli_takes_the_overheads(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--message-bytes", "450", "--control-bps", "4000"])
+    assert (args.message_bytes, args.control_bps) == (450.0, 4000.0)
+    assert cli.main(args) == 0
+    assert "450 B per sync, 4000 bit/s control" in capsys.readouterr().out
 
 
 def test_unknown_method() -> None:

@@ -107,6 +107,9 @@ def main(args: argparse.Namespace) -> int:
         f"({c.pattern}), utilisation {100 * c.utilization:g}%, P={c.fragments} H={c.H} "
         f"tau={c.tau}, {c.bits_dp:g}-bit dp / {c.bits:g}-bit outer"
     )
+    if c.framing != 1 or c.message_bytes or c.control_bps:
+        print(f"on the wire: x{c.framing:g} framing, {c.message_bytes:g} B per sync, "
+              f"{c.control_bps:g} bit/s control (average rates only)")  # fmt: skip
     print(f"{'method':<11}{'required Gbps':>15}{'average Gbps':>14}{'paper':>8}")
     for m, r in result.items():
         paper = f"{PAPER_GBPS[m]:g}" if m in PAPER_GBPS else ""

@@ -29,6 +29,30 @@ the other direction's data is acknowledged by a 66-byte frame every two segments
 gRPC stream of large messages costs 1514/1448 + 66/2896 = 1.069 times its payload on the
 interface (`WIRE_FRAMING`; measured with the peer benchmark, BENCHMARKS.md). framing = 1 (the
 default) gives the payload alone, the unit of the paper's figures.
+
+Fixed costs on the wire (live runs): every sync also costs bytes that do not grow with its
+payload, and a live runtime sends some bytes whatever it syncs. Average rate on the wire:
+    framing * X / (g * s)  +  8 * message_bytes / (g * s)  +  control_bps
+  message_bytes  bytes per sync on a link, per direction, beyond framing * payload. In atoll's
+                 Decoupled exchange (one fragment up, its merged update down): the PushOne call
+                 and its reply (HTTP/2 HEADERS with the run id, token and protocol metadata, the
+                 ContributionHeader, trailers), the pull sent down the Pulls stream, the
+                 broadcast's UpdateHeader, TLS records, and the Ethernet/IP/TCP headers of the
+                 part-filled segments and ACKs these take (about 3 frames of 66 bytes each way).
+                 A round split in two (a late answer) adds a broadcast the model does not count.
+  control_bps    bits/s per link per direction whatever is synced: atoll's heartbeat calls (one
+                 every heartbeat_s, 0.5 s by default) and their replies.
+None of these is derived from first principles: benchmarks/wire_overhead.py measures them on
+links shaped with tc, with TLS and the secret, P = H = 24, 50 ms steps, fragment payloads of
+0.8, 1.6 and 5.1 kB a step (and one run with heartbeats 5x as often), three repeats, and fits
+wire = framing * payload + message_bytes * exchanges + beat_bytes * heartbeats per direction
+(benchmarks/results/multihost/wire_overhead.json, BENCHMARKS.md section 7): up 463 B and 4.0
+kbit/s, down 431 B and 2.8 kbit/s, with framing 1.099 up and 1.092 down (the fitted framing is
+above WIRE_FRAMING's 1.069; with 1.069 held fixed the fit gives 554 / 501 B and fits the runs
+less well). Both default to 0: the paper's figures are payload only. They enter
+`average_rate` only, what a link carries on average; the required bandwidth stays the
+payload's (framing is not in it either). For an all-reduce a sync is several messages: give
+their total.
 """
 
 from __future__ import annotations
@@ -61,6 +85,8 @@ class BandwidthConfig:
     pattern: str = "ring"
     latency_s: float = 0.0
     framing: float = 1.0  # bytes on the wire per payload byte (WIRE_FRAMING: a veth counter)
+    message_bytes: float = 0.0  # wire bytes per sync per link and direction beyond its payload
+    control_bps: float = 0.0  # bits/s per link and direction whatever is synced (heartbeats)
 
     def __post_init__(self) -> None:
         positive = ("params", "step_s", "bits_dp", "bits")
@@ -81,6 +107,10 @@ class BandwidthConfig:
             raise ConfigError("pattern", self.pattern, ", ".join(PATTERNS))
         if not 1 <= self.framing < math.inf:
             raise ConfigError("framing", self.framing, "a number >= 1 (1: payload alone)")
+        if not 0 <= self.message_bytes < math.inf:
+            raise ConfigError("message_bytes", self.message_bytes, "a number of bytes >= 0")
+        if not 0 <= self.control_bps < math.inf:
+            raise ConfigError("control_bps", self.control_bps, "a number of bits/s >= 0")
         if self.latency_s < 0:
             raise ConfigError("latency_s", self.latency_s, "a non-negative number of seconds")
         if self.fragments > self.H:
@@ -147,9 +177,10 @@ def utilization(method: str, c: BandwidthConfig, bandwidth_bps: float) -> float:
 
 def average_rate(method: str, c: BandwidthConfig) -> float:
     """Bits/s per link per direction a run of `method` actually carries on average (on the
-    wire when `c.framing` > 1)."""
+    wire when `c.framing` > 1, with every sync's fixed `c.message_bytes` and `c.control_bps`)."""
     shape = sync_shape(method, c)
-    return c.framing * shape.bits / (shape.steps * c.step_s)
+    period = shape.steps * c.step_s
+    return (c.framing * shape.bits + 8.0 * c.message_bytes) / period + c.control_bps
 
 
 def measured_vs_predicted(
