@@ -35,7 +35,6 @@ from pathlib import Path
 
 import hosts
 
-NPROC = None  # islands of one process; 2: torchrun islands of two ranks (atoll learner --nproc)
 OVERHEAD = Path(__file__).resolve().parent / "results/multihost/wire_overhead.json"
 HEADLINE = "--codec int4 + overhead"  # the comparison's row kind with the calibrated overhead
 
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace, root: Path, extra: dict | None = None,
         h.wait_ready(180)
         h.sample_links(1.0)
         for i in range(args.learners):
-            h.start_learner(i, NPROC)
+            h.start_learner(i, args.nproc)
         codes = h.wait_learners(args.max_wall)
         time.sleep(1.5)  # one more sample after the last byte
         code = h.stop_syncer()
@@ -299,6 +298,8 @@ def plot(res: dict, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--learners", type=int, default=2)
+    ap.add_argument("--nproc", type=int, default=None,
+                    help="ranks per island (torchrun, DDP; default: one process)")  # fmt: skip
     ap.add_argument("--mbps", type=float, default=2.0, help="each island's link, both ways")
     ap.add_argument("--syncer-mbps", type=float, default=None,
                     help="the syncer's link (default: learners x --mbps)")  # fmt: skip

@@ -43,7 +43,6 @@ from atoll.eventlog import EventLog
 from atoll.live.comm_mode import learners_on_host, resolve_comm
 from atoll.live.learner import ending
 from atoll.live.learner.island import (
-    END,
     Island,
     IslandMember,
     Leading,
@@ -163,30 +162,23 @@ class Learner:
             heartbeat_s=heartbeat_s,
             events_path=str(self.events.path) if self.events.path else None,
             faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
+            # an FSDP2 shard has no digest here: its fragment heals in full
             digests=tuple(
-                (n, d) for n, p in self.params.items() if (d := self._digest_of(p)) is not None
+                (n, codec.digest(p)) for n, p in self.params.items() if not is_sharded(p)
             ),
         )
         with Leading(self.island):
             self.port = self._open_port(comm, opts)
             self._await_first_heal(connect_timeout_s)
-        self._island_end()
-
-    def _digest_of(self, t: torch.Tensor) -> bytes | None:
-        """A parameter's digest for the first heal (None for a shard: that fragment heals)."""
-        return None if is_sharded(t) else codec.digest(t)
 
     def _fragments(self, plan: FragmentPlan) -> FragmentStore:
-        """Where the protocol reads and writes fragment values: one op per fragment (on an
-        island's talking rank, on every rank)."""
-        if self.island is not None:
-            return self.island.fragments(plan, self.params)
-        return FlatFragments(plan, self.params)
-
-    def _island_end(self, stop: bool = False) -> None:
-        """On an island's talking rank: the other ranks go on (and stop, with `stop`)."""
-        if self.island is not None:
-            self.island.send(END, arg=int(stop))
+        """Where the protocol reads and writes fragment values (on an island, on every rank)."""
+        island = self.island
+        return (
+            FlatFragments(plan, self.params)
+            if island is None
+            else island.fragments(plan, self.params)
+        )
 
     def _open_port(self, comm: str, opts: CommOptions) -> Port:
         """The communication side: a child process or threads of this one."""
@@ -264,9 +256,8 @@ class Learner:
         island's step counts every rank's."""
         if self.island is not None:
             tokens = self.island.total(tokens)
-        with Leading(self.island):
+        with Leading(self.island, lambda: self.should_stop):
             self._step(tokens)
-        self._island_end(self.should_stop)
 
     def _step(self, tokens: int) -> None:
         proto = self.proto
@@ -397,9 +388,8 @@ class Learner:
         """Send every fragment's remaining work once, wait (bounded: `timeout` seconds once
         connected) for it to be merged, close. A syncer that is away (restarting) is waited
         for up to `away_s` seconds: the work trained meanwhile is merged when it is back."""
-        with Leading(self.island):
+        with Leading(self.island, lambda: True):
             self._finish(timeout, away_s)
-        self._island_end(True)
 
     def _finish(self, timeout: float, away_s: float) -> None:
         if self.proto is not None and self.proto.healed:

@@ -38,7 +38,7 @@ the same learner id, healed from the syncer).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -237,21 +237,27 @@ class IslandFragments:
 
 
 class Leading:
-    """On the talking rank, around its protocol's work: a failure tells every other rank
-    (ABORT) before it is raised."""
+    """On the talking rank, around its protocol's work: the other ranks go on when it is done
+    (END, with the stop flag `stop()` says), or fail with it (ABORT, before it is raised).
+    With no island it does nothing."""
 
-    def __init__(self, island: Island | None) -> None:
+    def __init__(self, island: Island | None, stop: Callable[[], bool] = lambda: False) -> None:
         self.island = island
+        self.stop = stop
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
-        if kind is not None and self.island is not None:
-            try:
-                self.island.send(ABORT)
-            except Exception:  # noqa: BLE001 - the group itself may be what failed
-                pass
+        if self.island is None:
+            return
+        if kind is None:
+            self.island.send(END, arg=int(self.stop()))
+            return
+        try:
+            self.island.send(ABORT)
+        except Exception:  # noqa: BLE001 - the group itself may be what failed
+            pass
 
 
 class IslandMember:
