@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("atoll.sim.cli", "run Decoupled DiLoCo and its baselines in the virtual-time driver"),
     "goodput": ("atoll.goodput.cli", "datacenter-scale goodput simulator (chips, failures)"),
     "bandwidth": ("atoll.bandwidth.cli", "WAN bandwidth each method needs"),
+    "plan": ("atoll.plan.cli", "capacity plan: the syncer's shards, cores, RAM and bandwidth"),
     "syncer": ("atoll.live.syncer_cli", "live syncer service (gRPC), durable tape + snapshots"),
     "learner": ("atoll.live.learner_cli", "live learner process training the built-in model"),
     "run": ("atoll.live.run_cli", "local live run: a syncer, N learners, chaos, summary"),
