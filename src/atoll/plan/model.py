@@ -54,8 +54,10 @@ from atoll.core.syncer_config import SyncerConfig
 from atoll.errors import ConfigError
 
 # Measured rates (see the module docstring for where each comes from).
-NS_PER_VALUE = (359.6e-3 - 4.0e-3) / (100_344_192 / 24) * 1e9  # 85.1 ns, BENCHMARKS.md s9 + s4
-PER_CONTRIBUTION_S = 1 / 141 - 36_000 * NS_PER_VALUE * 1e-9  # ~4.0 ms, BENCHMARKS.md s4
+_S9 = (359.6e-3, 100_344_192 / 24)  # BENCHMARKS.md s9: CPU s per contribution, its values
+_S4 = (1 / 141, 36_000)  # BENCHMARKS.md s4: one core saturated at ~141 contributions/s
+NS_PER_VALUE = (_S9[0] - _S4[0]) / (_S9[1] - _S4[1]) * 1e9  # 85.2 ns: the line through both
+PER_CONTRIBUTION_S = _S4[0] - _S4[1] * NS_PER_VALUE * 1e-9  # 4.0 ms
 SNAPSHOT_NS_PER_BYTE = (1799.8 - 359.6) * 1e-3 * 10 / 2.39 / (16 * 100_344_192) * 1e9  # s9
 PROCESS_BYTES = 0.3e9  # Python, torch, gRPC: an idle syncer's RSS (BENCHMARKS.md s4: 273 MB)
 HISTORY = SyncerConfig.history  # public versions kept per fragment (64 today)
