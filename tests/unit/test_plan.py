@@ -139,3 +139,11 @@ def test_bad_config_raises_config_error() -> None:
         PlanConfig(params=0)
     with pytest.raises(ConfigError, match="link_gbps"):
         speedup(PlanConfig(), link_gbps=0)
+
+
+def test_codec_sets_the_bits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--codec", "int8", "--json"]) == 0
+    bits = json.loads(capsys.readouterr().out)["plans"][0]["config"]["bits"]
+    assert 6 < bits < 9  # int8 frames with scales, zstd on Gaussian values
+    assert main(["plan", "--codec", "int9"]) == 2
+    assert capsys.readouterr().err.strip().startswith("atoll plan: error: --codec='int9'")

@@ -122,7 +122,7 @@ def render(plans: list[dict], paper: list[dict] | None) -> None:
         "cores",
         "RAM",
         "RAM/shard",
-        "snapshots every",
+        "snapshot interval >=",
         "syncer in/out",
         "learner up",
         "util",
@@ -164,8 +164,9 @@ def render(plans: list[dict], paper: list[dict] | None) -> None:
         f"{plans[0]['bytes_per_param']:.0f} bytes/parameter (history of {c['history']} fp32 "
         f"versions; atoll.plan.model.syncer_bytes_per_param), {c['ns_per_value']:.1f} ns/value "
         "+ 4 ms per contribution (BENCHMARKS.md s4, s9), shards at most "
-        f"{c['max_core_load']:g} of a core, 2 cores each; speedup: compute utilisation "
-        "(atoll.bandwidth) of Decoupled over each method at this link, communication only"
+        f"{c['max_core_load']:g} of a core, 2 cores each; snapshots at most 1/10 of a "
+        "shard's core; util: Decoupled's compute utilisation at the link; speedup: its "
+        "utilisation over each method's (atoll.bandwidth) at this link, communication only"
     )
     if paper:
         t = Table(
