@@ -16,7 +16,7 @@ checks, merge, outer step, encoding the broadcast, the tape record: everything b
     one learner, one fragment of 100,344,192 / 24 = 4.18M values merged per step;
   - BENCHMARKS.md section 4 (`benchmarks/load.py`, one pinned core, 64 clients, 0.87M
     parameters, P = 24): the core saturated at about 141 contributions/s of 36k values.
-  Through both: 86 ns per value and 4.0 ms per contribution. Section 9's rounds have one
+  Through both: 85.0 ns per value and 4.0 ms per contribution. Section 9's rounds have one
   contribution each, so the per-round part (outer step, encoding the broadcast, the tape) is
   counted per contribution here: with M > 1 a round costs less than this (an overestimate).
 A shard's round runs on one thread (one Python process), so a shard can give it at most one
@@ -56,7 +56,7 @@ from atoll.errors import ConfigError
 # Measured rates (see the module docstring for where each comes from).
 _S9 = (359.6e-3, 100_344_192 / 24)  # BENCHMARKS.md s9: CPU s per contribution, its values
 _S4 = (1 / 141, 36_000)  # BENCHMARKS.md s4: one core saturated at ~141 contributions/s
-NS_PER_VALUE = (_S9[0] - _S4[0]) / (_S9[1] - _S4[1]) * 1e9  # 85.2 ns: the line through both
+NS_PER_VALUE = (_S9[0] - _S4[0]) / (_S9[1] - _S4[1]) * 1e9  # 85.0 ns: the line through both
 PER_CONTRIBUTION_S = _S4[0] - _S4[1] * NS_PER_VALUE * 1e-9  # 4.0 ms
 SNAPSHOT_NS_PER_BYTE = (1799.8 - 359.6) * 1e-3 * 10 / 2.39 / (16 * 100_344_192) * 1e9  # s9
 PROCESS_BYTES = 0.3e9  # Python, torch, gRPC: an idle syncer's RSS (BENCHMARKS.md s4: 273 MB)
