@@ -151,22 +151,14 @@ class Learner:
         self._submits: list[Submit] = []
         self._last_step_t = 0.0
         self._first_step_logged = False
+        sharded = {n for n, t in self.params.items() if is_sharded(t)}  # FSDP2: heal in full
         opts = CommOptions(
-            address=syncer,
-            learner_id=self.id,
-            incarnation=self.incarnation,
-            run_id=run_id,
-            secret=self.secret,
-            tls_ca=tls_ca,
-            shape_mbps=shape_mbps,
-            heartbeat_s=heartbeat_s,
+            address=syncer, learner_id=self.id, incarnation=self.incarnation, run_id=run_id,
+            secret=self.secret, tls_ca=tls_ca, shape_mbps=shape_mbps, heartbeat_s=heartbeat_s,
             events_path=str(self.events.path) if self.events.path else None,
             faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
-            # an FSDP2 shard has no digest here: its fragment heals in full
-            digests=tuple(
-                (n, codec.digest(p)) for n, p in self.params.items() if not is_sharded(p)
-            ),
-        )
+            digests=tuple((n, codec.digest(t)) for n, t in self.params.items() if n not in sharded),
+        )  # fmt: skip
         with Leading(self.island):
             self.port = self._open_port(comm, opts)
             self._await_first_heal(connect_timeout_s)
