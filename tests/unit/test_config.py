@@ -34,7 +34,10 @@ from atoll.errors import ConfigError
 # set by the driver, not a protocol setting: how long a learner waits at a step boundary for a
 # late answer (the virtual-time driver until it comes, as `block` asks; a live learner at most
 # its `wait_s`, 0 by default)
-NOT_SETTINGS = {SyncerConfig: {"history", "history_full_every", "history_bytes"}, LearnerConfig: {"max_wait_s"}}
+NOT_SETTINGS = {
+    SyncerConfig: {"history", "history_full_every", "history_bytes"},
+    LearnerConfig: {"max_wait_s"},
+}
 
 
 def _other(f: dataclasses.Field) -> object:

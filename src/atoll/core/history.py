@@ -163,8 +163,12 @@ class History:
         """Keep in full only the RECENT newest, every full_every-th and the oldest held."""
         held = list(self.held_v[p])
         for v in held[1:-RECENT]:
-            if v in self.full[p] and v % self.full_every and v in self.frames[p]:
-                del self.full[p][v]
+            if v not in self.full[p]:
+                continue
+            if v % self.full_every and v in self.frames[p]:
+                del self.full[p][v]  # kept as its frame
+            else:
+                self.frames[p].pop(v, None)  # a checkpoint: its frame is not needed
 
     def _evict_oldest(self, p: int) -> None:
         held = self.held_v[p]

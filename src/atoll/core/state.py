@@ -34,8 +34,11 @@ import torch
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.history import History
+from atoll.core.memory import memory_bytes
 from atoll.core.merge import RoundWeight
 from atoll.core.outer import OuterState
+
+__all__ = ["Averages", "GlobalState", "History", "memory_bytes"]  # memory: the formula
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
