@@ -13,7 +13,8 @@ rounds, once warm):
     heal frames                    P * F(n, heal_codec)  (once a learner healed)
     open rounds                    open_rounds * M * (4n + F(n, up_codec))
 Transient, on top, at their moments:
-    closing a round                (M + 6) * 4n
+    closing a round                (M + 8) * 4n  (deltas, merge, new values, broadcast,
+                                   the tape record)
     a snapshot                     (2 + outer + snapshot_history - RECENT) * 4n * P, and its
                                    serialized bytes (about the same again)
 with n = N / P and F(n, scheme) a frame's bytes (28 + the body: 4n fp32, 2n bf16,
@@ -99,6 +100,6 @@ def memory_bytes(
     return {
         **parts,
         "steady": steady,
-        "round_peak": steady + (M + 6) * 4 * n,
+        "round_peak": steady + (M + 8) * 4 * n,
         "snapshot_peak": steady + 2 * snap,
     }
