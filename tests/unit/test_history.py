@@ -158,6 +158,8 @@ def test_history_alone_resolves_what_was_remembered_and_refuses_the_rest():
         ref[v] = pub
     assert list(h[0]) == [5, 6, 7, 8, 9] and 4 not in h[0]
     assert all(torch.equal(h[0][v], ref[v]) for v in h[0])
+    for v in [8, 5, 7, 6, 9, 7]:  # any order: from a full value or from the cached one
+        assert torch.equal(h.value(0, v), ref[v])
     with pytest.raises(KeyError):
         h.value(0, 4)
     assert h.held(1) is None and len(h) == 1 and RECENT == 2

@@ -98,6 +98,8 @@ class History:
         while u not in full:  # the newest full version before v (the oldest held is full)
             u -= 1
         value = full[u]
+        if self._cache is not None and self._cache[0] == p and u < self._cache[1] < v:
+            u, value = self._cache[1], self._cache[2]  # go on from the cached version
         for w in range(u + 1, v + 1):
             value = value + codec.decode(self.frames[p][w])  # as the broadcast made it
         self._cache = (p, v, value)
