@@ -30,11 +30,10 @@ from atoll.core.learner import LearnerConfig
 from atoll.core.syncer import SyncerConfig
 from atoll.errors import ConfigError
 
-# fields of the core configs that are no setting of a job: the syncer's own memory bound
-# set by the driver, not a protocol setting: how long a learner waits at a step boundary for a
-# late answer (the virtual-time driver until it comes, as `block` asks; a live learner at most
-# its `wait_s`, 0 by default)
-NOT_SETTINGS = {SyncerConfig: {"history"}, LearnerConfig: {"max_wait_s"}}
+# fields of the core configs that are no setting of a job: set by the driver, not a protocol
+# setting: how long a learner waits at a step boundary for a late answer (the virtual-time
+# driver until it comes, as `block` asks; a live learner at most its `wait_s`, 0 by default)
+NOT_SETTINGS = {SyncerConfig: set(), LearnerConfig: {"max_wait_s"}}
 
 
 def _other(f: dataclasses.Field) -> object:

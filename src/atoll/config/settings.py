@@ -154,6 +154,12 @@ class ProtocolSettings:
     # magnitude guard (atoll.core.guard): a contribution beyond `guard` x what the run has
     # seen is refused and its learner heals; 0 = off
     guard: float = 10.0
+    # the syncer's public versions kept per fragment to resolve learners' bases (older ones as
+    # the int4 frames broadcast, a full one every `history_full_every`); `history_bytes` > 0
+    # bounds them in bytes (a base beyond is refused, its learner heals; docs/live.md)
+    history: int = 64
+    history_full_every: int = 16
+    history_bytes: int = 0
     # outer optimizer: plain SGD with lr 1 (the merged value itself) measured best at this
     # scale; Nesterov (0.7, 0.9) lost 0.3-0.4 nats (benchmarks/results/outer_sweep.json)
     outer: str = "sgd"
@@ -179,6 +185,9 @@ class ProtocolSettings:
         need(self, self.group >= 1, "group", "an integer >= 1")
         need(self, self.guard == 0 or 1 < self.guard < math.inf, "guard", "0 (off) or a number > 1")
         need(self, self.H >= 1, "H", "an integer >= 1")
+        need(self, self.history >= 2, "history", "an integer >= 2")
+        need(self, self.history_full_every >= 1, "history_full_every", "an integer >= 1")
+        need(self, self.history_bytes >= 0, "history_bytes", "0 (no bound) or bytes > 0")
         from atoll.core.choices import check_choices
 
         check_choices(self)  # packing, schedule, merge, weighting, outer, receipt, codecs...
@@ -213,8 +222,7 @@ class ProtocolSettings:
         )
 
     def syncer_config(self) -> SyncerConfig:
-        """The core syncer state machine's settings, field by field (`history`, the syncer's
-        own memory bound, keeps its default)."""
+        """The core syncer state machine's settings, field by field."""
         from atoll.core.syncer import SyncerConfig
 
         return SyncerConfig(
@@ -236,6 +244,9 @@ class ProtocolSettings:
             schedule=self.schedule,
             codec=self.codec,
             guard=self.guard,
+            history=self.history,
+            history_full_every=self.history_full_every,
+            history_bytes=self.history_bytes,
         )
 
 

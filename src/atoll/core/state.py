@@ -7,8 +7,8 @@ keeps: the grace window's and each fragment's usual round weight).
 
 `state_dict()` is the whole state as plain values and tensors (it may be written without the
 lock that guards the protocol: the current values are copies, and the history values are
-shared, which is safe because the protocol never changes a tensor it holds in place, it
-replaces it); `load_state_dict()` puts it back into a freshly built protocol (membership and
+shared or made afresh from the broadcast frames (core/history.py), which is safe because the
+protocol never changes a tensor it holds in place, it replaces it); `load_state_dict()` puts it back into a freshly built protocol (membership and
 open rounds are not state: learners rejoin). A tape record is
 one fragment's state right after a merge (`fragment_state`), replayed with
 `load_fragment_state`. The drivers serialize these dicts (atoll.live.syncer.store); they
@@ -26,8 +26,6 @@ afresh, and timers of an earlier process never fire (round ids move on).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +33,12 @@ import torch
 
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
+from atoll.core.history import History
+from atoll.core.memory import memory_bytes
 from atoll.core.merge import RoundWeight
 from atoll.core.outer import OuterState
+
+__all__ = ["Averages", "GlobalState", "History", "memory_bytes"]  # memory: the formula
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -45,50 +47,6 @@ def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def _same(t: torch.Tensor | None) -> torch.Tensor | None:
     return t
-
-
-class History:
-    """The public values of each fragment's newest `keep` versions: what a learner's base
-    version is resolved against (its contribution is taken against the value it started
-    from), and what an update sent in full instead of a delta is encoded from."""
-
-    def __init__(self, values: Sequence[torch.Tensor], keep: int) -> None:
-        self.keep = keep
-        self.versions: list[OrderedDict[int, torch.Tensor]] = [
-            OrderedDict({0: v.clone()}) for v in values
-        ]
-
-    def __getitem__(self, p: int) -> OrderedDict[int, torch.Tensor]:
-        return self.versions[p]
-
-    def __len__(self) -> int:
-        return len(self.versions)
-
-    def held(self, p: int) -> OrderedDict[int, torch.Tensor] | None:
-        """Fragment p's versions (None for a fragment index out of range)."""
-        return self.versions[p] if 0 <= p < len(self.versions) else None
-
-    def holds_all(self, versions: Sequence[int]) -> bool:
-        """Every fragment's given version is still held (one version per fragment)."""
-        return all(v in self.versions[p] for p, v in enumerate(versions))
-
-    def remember(self, p: int, version: int, public: torch.Tensor) -> None:
-        """Keep (a copy of) fragment p's public value of `version`, the newest."""
-        hist = self.versions[p]
-        hist[version] = public.clone()
-        while len(hist) > self.keep:
-            hist.popitem(last=False)
-
-    def newest(self, p: int, n: int) -> dict[int, torch.Tensor]:
-        """Fragment p's newest `n` versions (the held tensors themselves)."""
-        return dict(list(self.versions[p].items())[-n:])
-
-    def load(self, p: int, versions: dict[int, torch.Tensor], replace: bool) -> None:
-        """Add (copies of) `versions` to what is held of fragment p, or replace it."""
-        if replace:
-            self.versions[p] = OrderedDict()
-        for v, t in sorted(versions.items()):
-            self.versions[p][v] = t.clone()
 
 
 @dataclass
@@ -117,13 +75,19 @@ class GlobalState:
     the `averages` it is the protocol's whole durable state."""
 
     def __init__(
-        self, plan: FragmentPlan, init: list[torch.Tensor], keep: int, averages: Averages
+        self,
+        plan: FragmentPlan,
+        init: list[torch.Tensor],
+        keep: int,
+        averages: Averages,
+        full_every: int = 16,
+        max_bytes: int = 0,
     ) -> None:
         self.plan, self.keep, self.averages = plan, keep, averages
         self.theta = [v.detach().float().clone().reshape(-1) for v in init]
         self.public = [v.clone() for v in self.theta]
         self.version = [0] * plan.P
-        self.history = History(self.public, keep)
+        self.history = History(self.public, keep, full_every, max_bytes)
         self.outer_state = [OuterState() for _ in range(plan.P)]
         self.rounds_closed = 0
 
@@ -132,12 +96,18 @@ class GlobalState:
         return self.version[p] if 0 <= p < self.plan.P else -1
 
     def commit(
-        self, p: int, theta: torch.Tensor, public: torch.Tensor, outer_state: OuterState
+        self,
+        p: int,
+        theta: torch.Tensor,
+        public: torch.Tensor,
+        outer_state: OuterState,
+        frame: bytes | None = None,
     ) -> None:
-        """A merge of fragment p: its new values, the next version, one more round closed."""
+        """A merge of fragment p: its new values, the next version, one more round closed
+        (`frame`: the delta broadcast to reach `public`, None when it was sent in full)."""
         self.theta[p], self.public[p], self.outer_state[p] = theta, public, outer_state
         self.version[p] += 1
-        self.remember(p)
+        self.history.remember(p, self.version[p], public, frame)
         self.rounds_closed += 1
 
     def remember(self, p: int) -> None:

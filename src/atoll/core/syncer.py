@@ -75,6 +75,7 @@ from atoll.core.messages import (
     Send,
     SetTimer,
     TimerKey,
+    UpdateKind,
 )
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.core.pacing import PullRounds
@@ -108,7 +109,10 @@ class SyncerProtocol:
         self.guard = MagnitudeGuard(plan.P, cfg.guard)
         self.round_weight = RoundWeight(plan.P, cfg.light_rounds)
         # the durable state (core/state.py) and what is derived from it
-        self.state = GlobalState(plan, init, cfg.history, Averages(self.grace, self.round_weight))
+        avg = Averages(self.grace, self.round_weight)
+        self.state = GlobalState(
+            plan, init, cfg.history, avg, cfg.history_full_every, cfg.history_bytes
+        )
         self.heals = HealCache(plan, cfg.heal_codec, cfg.group)  # heals: encoded once
         self.delivery = Delivery(plan, self.state, cfg.down_codec, cfg.heal_codec, cfg.group)
         self.seen = SeenVersions(plan.P)  # versions restored and seen by earlier epochs
@@ -339,7 +343,8 @@ class SyncerProtocol:
             update, public = self.delivery.broadcast(p, v, theta, included, now)
         except codec.CodecError as exc:  # never committed: the round is dropped
             return self._drop(now, p, ids, str(exc))
-        self.state.commit(p, theta, public, outer_state)
+        frame = update.payload if update.kind == UpdateKind.DELTA else None
+        self.state.commit(p, theta, public, outer_state, frame)
         self.round_weight.committed(p, total)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
         event = RoundClosed(

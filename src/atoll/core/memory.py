@@ -1,0 +1,105 @@
+"""The syncer's memory as a formula of the model and the settings (`memory_bytes`), for a
+capacity plan and the benchmark that checks it (benchmarks/syncer_memory.py).
+
+N values in P fragments of about N/P each, M contributions a round. Persistent (held between
+rounds, once warm):
+    theta, public                  2 * 4N      (the exact value and the learners' copy)
+    outer state                    0 (sgd), 4N (nesterov), 8N (delayed nesterov, at most)
+    history (History, core/history.py), each fragment, `history` = K versions kept:
+        full values   4n * ((RECENT - 1) + ceil((K - RECENT - 1) / full_every) + 1)
+        frames        F(n, down_codec) * (K - 1 - checkpoints)
+      (down_codec fp32: every version in full, 4n * (K - 1)); with history_bytes > 0 at most
+      that many bytes in all; plus one resolved version cached, 4n
+    heal frames                    P * F(n, heal_codec)  (once a learner healed)
+    open rounds                    open_rounds * M * (4n + F(n, up_codec))
+Transient, on top, at their moments:
+    closing a round                (M + 8) * 4n  (deltas, merge, new values, broadcast,
+                                   the tape record)
+    a snapshot                     (2 + outer + snapshot_history - RECENT) * 4n * P, and its
+                                   serialized bytes (about the same again)
+with n = N / P and F(n, scheme) a frame's bytes (28 + the body: 4n fp32, 2n bf16,
+n + 2 * groups int8, n/2 + 2 * groups int4, groups = ceil(n / group); plus at most
+body/256 + 64 that zstd adds to a body it cannot shrink). Not counted: the
+process itself (Python, torch, gRPC: `base_bytes`), updates queued for slow links (each
+learner's queue for a fragment stays under 4n before it is sent in full instead).
+"""
+
+from __future__ import annotations
+
+import math
+
+from atoll.core.history import RECENT
+
+HEADER = 28  # a codec frame's header (core/codec.py)
+OUTER_COPIES = {"sgd": 0, "nesterov": 1, "delayed_nesterov": 2}
+
+
+def frame_bytes(n: int, scheme: str, group: int = 64, zstd: bool = True) -> int:
+    """A frame of n values in `scheme`; `zstd` (as frames are sent): an upper bound, the
+    body uncompressed plus what zstd adds to a body it cannot shrink."""
+    g = max(1, min(group, n))  # one group of all the values when they are fewer
+    groups = math.ceil(n / g)
+    body = {
+        "fp32": 4 * n,
+        "bf16": 2 * n,
+        "int8": groups * g + 2 * groups,
+        "int4": math.ceil(groups * g / 2) + 2 * groups,
+    }[scheme]
+    return HEADER + body + (body // 256 + 64 if zstd else 0)
+
+
+def history_bytes_per_fragment(
+    n: int, keep: int, full_every: int, down_codec: str, group: int = 64
+) -> int:
+    """What one fragment's history holds beyond its public value, once `keep` versions are
+    held (the cached resolved version not included)."""
+    if down_codec == "fp32":
+        return 4 * n * (keep - 1)
+    middle = max(0, keep - RECENT - 1)
+    checkpoints = math.ceil(middle / full_every)
+    full = (min(RECENT, keep) - 1) + checkpoints + (1 if keep > RECENT else 0)
+    frames = keep - 1 - checkpoints
+    return 4 * n * full + frame_bytes(n, down_codec, group) * frames
+
+
+def memory_bytes(
+    N: int,
+    P: int,
+    M: int,
+    *,
+    history: int = 64,
+    full_every: int = 16,
+    history_bytes: int = 0,
+    down_codec: str = "int4",
+    up_codec: str = "int4",
+    heal_codec: str = "int8",
+    group: int = 64,
+    outer: str = "sgd",
+    open_rounds: int = 1,
+    snapshot_history: int = 8,
+    base_bytes: int = 0,
+) -> dict[str, int]:
+    """The syncer's bytes by component (module docstring), `steady` (held between rounds,
+    once warm), `round_peak` (steady + closing a round) and `snapshot_peak`."""
+    n = math.ceil(N / P)
+    outer_copies = OUTER_COPIES.get(outer, 2)
+    hist = P * history_bytes_per_fragment(n, history, full_every, down_codec, group)
+    if history_bytes > 0:
+        hist = min(hist, history_bytes)
+    parts = {
+        "theta_public": 8 * n * P,
+        "outer": 4 * n * P * outer_copies,
+        "history": hist,
+        "history_cache": 4 * n,
+        "heal_frames": P * frame_bytes(n, heal_codec, group),
+        "open_rounds": open_rounds * M * (4 * n + frame_bytes(n, up_codec, group)),
+        "base": base_bytes,
+    }
+    steady = sum(parts.values())
+    snap = 4 * n * P * (2 + outer_copies + max(0, snapshot_history - RECENT))
+    return {
+        **parts,
+        "steady": steady,
+        "round_peak": steady + (M + 8) * 4 * n,
+        "snapshot_peak": steady + 2 * snap,
+    }
