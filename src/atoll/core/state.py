@@ -8,11 +8,11 @@ keeps: the grace window's and each fragment's usual round weight).
 `state_dict()` is the whole state as plain values and tensors (it may be written without the
 lock that guards the protocol: the current values are copies, and the history values are
 shared or made afresh from the broadcast frames (core/history.py), which is safe because the
-protocol never changes a tensor it holds in place, it replaces it); `load_state_dict()` puts it back into a freshly built protocol (membership and
-open rounds are not state: learners rejoin). A tape record is
-one fragment's state right after a merge (`fragment_state`), replayed with
-`load_fragment_state`. The drivers serialize these dicts (atoll.live.syncer.store); they
-never read or write the protocol's fields themselves.
+protocol never changes a tensor it holds in place, it replaces it); `load_state_dict()` puts
+it back into a freshly built protocol (membership and open rounds are not state: learners
+rejoin). A tape record is one fragment's state right after a merge (`fragment_state`),
+replayed with `load_fragment_state`. The drivers serialize these dicts
+(atoll.live.syncer.store); they never read or write the protocol's fields themselves.
 
     state_dict() = {"rounds_closed": int, "grace": {"step", "to_quorum", "sync", "round_weight.p"},
                     "fragments": [fragment_state(p) without grace/rounds, ...]}
