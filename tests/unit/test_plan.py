@@ -26,11 +26,16 @@ def test_measured_rates_are_the_benchmarks_figures() -> None:
     assert 80 < model.NS_PER_VALUE < 90 and 3e-3 < model.PER_CONTRIBUTION_S < 5e-3
 
 
-def test_memory_per_parameter_today() -> None:
-    # Theta + public (8) + 64 fp32 versions (256) + 8 learners' queues (32) + snapshot copies (8)
-    assert syncer_bytes_per_param(8) == 8 + 256 + 32 + 8
-    assert syncer_bytes_per_param(8, outer="delayed_nesterov", snapshot=False) == 8 + 256 + 8 + 32
-    assert syncer_bytes_per_param(2, history=8) == 8 + 32 + 8 + 8
+def test_memory_per_parameter_is_the_syncers_own_formula() -> None:
+    from atoll.core.memory import memory_bytes
+
+    n = 24 * (1 << 24)
+    peak = memory_bytes(n, 24, 8)["snapshot_peak"] / n
+    assert syncer_bytes_per_param(8) == pytest.approx(peak)
+    # more learners or a longer history hold more; the history as frames, not 64 fp32 copies
+    assert syncer_bytes_per_param(16) > syncer_bytes_per_param(8) > syncer_bytes_per_param(2)
+    assert syncer_bytes_per_param(8, history=8) < syncer_bytes_per_param(8) < 8 + 4 * 64
+    assert syncer_bytes_per_param(8, snapshot=False) < syncer_bytes_per_param(8)
 
 
 def test_plan_by_hand() -> None:
@@ -41,7 +46,7 @@ def test_plan_by_hand() -> None:
     assert p["cpu_cores_load"] == pytest.approx(8 * per)
     assert p["shards"] == math.ceil(8 * per / 0.5) == p["shards_needed"]
     assert p["cores"] == 2 * p["shards"] and p["feasible"]
-    assert p["ram_bytes"] == pytest.approx(p["shards"] * 0.3e9 + 100e6 * 304)
+    assert p["ram_bytes"] == pytest.approx(p["shards"] * 0.3e9 + 100e6 * syncer_bytes_per_param(8))
     up = average_rate("decoupled", c.bandwidth(**model.WIRE_UP))
     assert p["syncer_in_gbps"] == pytest.approx(8 * up / 1e9)
     assert p["load_per_shard"] <= 0.5

@@ -161,8 +161,8 @@ def render(plans: list[dict], paper: list[dict] | None) -> None:
             "help; a faster round (--ns-per-value) or a longer step is needed"
         )
     console.print(
-        f"{plans[0]['bytes_per_param']:.0f} bytes/parameter (history of {c['history']} fp32 "
-        f"versions; atoll.plan.model.syncer_bytes_per_param), {c['ns_per_value']:.1f} ns/value "
+        f"{plans[0]['bytes_per_param']:.0f} bytes/parameter (history of {c['history']} "
+        f"versions as broadcast frames; atoll.core.memory), {c['ns_per_value']:.1f} ns/value "
         "+ 4 ms per contribution (BENCHMARKS.md s4, s9), shards at most "
         f"{c['max_core_load']:g} of a core, 2 cores each; snapshots at most 1/10 of a "
         "shard's core; util: Decoupled's compute utilisation at the link; speedup: its "

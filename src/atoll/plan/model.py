@@ -31,12 +31,11 @@ default run used 1,799.8 ms of CPU per 2.39 s step against 359.6 ms deferred, 6.
 about two versions per fragment after 50 merges): SNAPSHOT_NS_PER_BYTE = 3.75. A snapshot
 holds 8 + 4 * snapshot_history bytes per parameter once the history is full.
 
-Memory: `syncer_bytes_per_param` (one function, so that a bounded history changes it in one
-place). Today (atoll.core.state, docs/deploy.md "Memory"): Theta and the public value in
-fp32 (8 bytes), `History` keeps the newest `history` = 64 public versions of every fragment in
-fp32 (256 bytes once full; not a setting), the outer optimizer's buffers (sgd 0, nesterov 4,
-delayed_nesterov 8), and per learner what waits to go down (up to 4 bytes each), plus the
-copies of a snapshot in progress (8, transient), plus PROCESS_BYTES per shard process.
+Memory: `syncer_bytes_per_param`, from the syncer's own formula (atoll.core.memory.memory_bytes,
+docs/live.md "Syncer memory": Theta and the public value in fp32, the history as the int4
+frames that were broadcast with a full copy every 16 versions, outer-optimizer buffers, open
+rounds, heal frames, and a snapshot's copies at its peak), plus PROCESS_BYTES per shard
+process.
 
 Bandwidth: per learner link and per direction, `atoll.bandwidth.model.average_rate` of the
 decoupled method with the calibrated fixed costs of a live run (BENCHMARKS.md section 7:
@@ -50,6 +49,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from atoll.bandwidth.model import BandwidthConfig, average_rate, required_bandwidth, utilization
+from atoll.core.memory import memory_bytes
 from atoll.core.syncer_config import SyncerConfig
 from atoll.errors import ConfigError
 
@@ -68,18 +68,21 @@ WIRE_DOWN = {"framing": 1.092, "message_bytes": 431.0, "control_bps": 2828.0}
 
 
 def syncer_bytes_per_param(
-    learners: int, history: int = HISTORY, outer: str = "sgd", snapshot: bool = True
+    learners: int,
+    history: int = HISTORY,
+    outer: str = "sgd",
+    snapshot: bool = True,
+    fragments: int = 24,
 ) -> float:
-    """Bytes the syncer holds per parameter today (atoll.core.state.GlobalState and the
-    broadcast queues), once the history is full. The one place the memory formula lives:
-    a history bounded in bytes changes this function, and every plan follows."""
+    """Bytes the syncer holds per parameter once warm, at its peak (during a snapshot with
+    `snapshot`, else while closing a round): the syncer's own formula,
+    `atoll.core.memory.memory_bytes` (history kept as broadcast int4 frames with periodic full
+    copies, docs/live.md "Syncer memory"), for a model large enough that fixed costs vanish."""
     if outer not in OUTER_BYTES:
         raise ConfigError("outer", outer, ", ".join(OUTER_BYTES))
-    theta_and_public = 8.0
-    kept = 4.0 * history
-    queues = 4.0 * learners
-    transient = 8.0 if snapshot else 0.0
-    return theta_and_public + kept + OUTER_BYTES[outer] + queues + transient
+    n = fragments * (1 << 24)
+    m = memory_bytes(n, fragments, learners, history=history, outer=outer)
+    return m["snapshot_peak" if snapshot else "round_peak"] / n
 
 
 @dataclass(frozen=True)
