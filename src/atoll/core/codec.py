@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -217,33 +218,50 @@ def decode(
         )
     if numel == 0:
         return torch.zeros(0)
+    with warnings.catch_warnings():  # a read-only buffer: only read, never written
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.frombuffer(body, dtype=torch.uint8)  # the received bytes, not a copy
     if scheme == "fp32":
-        out = torch.frombuffer(bytearray(body), dtype=torch.float32)  # owns its bytearray
+        out = raw.view(torch.float32).clone()
     elif scheme == "bf16":
-        out = torch.frombuffer(bytearray(body), dtype=torch.int16).view(torch.bfloat16).float()
+        out = raw.view(torch.int16).view(torch.bfloat16).float()
     else:
         n_groups = -(-numel // group)
-        raw = bytearray(body)
-        scales = torch.frombuffer(raw[: 2 * n_groups], dtype=torch.int16).view(torch.bfloat16)
-        qb = (
-            torch.frombuffer(raw[2 * n_groups :], dtype=torch.uint8)
-            if len(raw) > 2 * n_groups
-            else torch.zeros(0, dtype=torch.uint8)
-        )
-        sf = scales.float()
+        sf = raw[: 2 * n_groups].view(torch.int16).view(torch.bfloat16).float()
         top = sf.abs().max().item() if n_groups else 0.0
         if not math.isfinite(top):
             raise CodecError("payload holds non-finite values")
-        if scheme == "int4":  # one table lookup unpacks both nibbles of a byte
-            q = _INT4_PAIRS[qb.int()].view(-1)[: n_groups * group]
-        else:
-            q = qb.view(torch.int8).float()
-        out = (q.view(n_groups, group) * sf.unsqueeze(1)).view(-1)[:numel]
+        out = torch.empty(n_groups * group + 1)  # (+1: an odd int4 count's last nibble)
+        _dequantize(raw[2 * n_groups :], sf, group, scheme, out)
+        out = out[:numel]
         if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
             return out
     if not torch.isfinite(out).all():
         raise CodecError("payload holds non-finite values")
     return out
+
+
+_CHUNK = 1 << 16  # values unpacked at a time: each step's operands stay in the core's cache
+
+
+def _dequantize(qb: torch.Tensor, sf: torch.Tensor, group: int, scheme: str, out: torch.Tensor):
+    """out[i] = q[i] * scale of i's group, for the quantized body bytes `qb`: unpacked and
+    scaled one cache-sized chunk at a time (whole groups, an even count of values)."""
+    n = sf.numel() * group
+    step = max(1, _CHUNK // (2 * group)) * 2 * group  # whole groups, an even count
+    nib = torch.empty(step, dtype=torch.uint8)
+    for s in range(0, n, step):
+        k = min(step, n - s)
+        o = out[s : s + k + (k % 2)]
+        if scheme == "int4":
+            pair = nib[: o.numel()].view(-1, 2)
+            b = qb[s // 2 : (s + k + 1) // 2]
+            torch.bitwise_and(b, 15, out=pair[:, 0])
+            torch.bitwise_right_shift(b, 4, out=pair[:, 1])
+            o.copy_(nib[: o.numel()]).sub_(8)
+        else:
+            o[:k].copy_(qb[s : s + k].view(torch.int8))
+        o[:k].view(-1, group).mul_(sf[s // group : (s + k) // group].unsqueeze(1))
 
 
 def _decompress(body: bytes, expected: int) -> bytes:
