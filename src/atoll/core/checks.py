@@ -120,7 +120,7 @@ def decode_checked(
     bad = guard.check(c.fragment, rate, base)
     if bad is not None:
         return bad
-    theta = base - delta
+    theta = torch.sub(base, delta, out=delta)  # the decoded buffer becomes theta
     if not bool(torch.isfinite(theta).all()):
         return Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
     return Decoded(theta, rate)

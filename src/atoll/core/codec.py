@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 SCHEMES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
 # byte b of an int4 body holds two values: low nibble - 8, then high nibble - 8
-_INT4_PAIRS = torch.tensor([[(b & 15) - 8, (b >> 4) - 8] for b in range(256)], dtype=torch.float32)
 _QMAX = {"int8": 127, "int4": 7}
 _HEADER = struct.Struct("<4sBBBBQIII")
 MAGIC = b"ATF1"
@@ -113,6 +112,13 @@ def _check_finite(x: torch.Tensor) -> None:
 
 def encode(x: torch.Tensor, scheme: str, group: int = 64, compress: bool = True) -> bytes:
     return _encode(x, scheme, group, compress)[0]
+
+
+def encode_sent(x: torch.Tensor, scheme: str, group: int = 64) -> tuple[bytes, torch.Tensor]:
+    """(frame, what `decode` returns for it), without decoding it."""
+    frame, sent = _encode(x, scheme, group, want_sent=True)
+    assert sent is not None
+    return frame, sent
 
 
 def _encode(

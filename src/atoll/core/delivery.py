@@ -36,8 +36,9 @@ class Delivery:
             frame = codec.encode(public, "fp32")
             kind = UpdateKind.FULL
         else:
-            frame = codec.encode(theta - self.state.public[p], self.down_codec, self.group)
-            public = self.state.public[p] + codec.decode(frame)
+            change = theta - self.state.public[p]
+            frame, sent = codec.encode_sent(change, self.down_codec, self.group)
+            public = self.state.public[p] + sent  # what a learner decodes (the same arithmetic)
             kind = UpdateKind.DELTA
         return FragmentUpdate(p, version, kind, version - 1, frame, included, now), public
 

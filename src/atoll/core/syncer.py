@@ -35,6 +35,7 @@ Closing a round for fragment p:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,7 @@ from atoll.core.events import (
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.guard import MagnitudeGuard
-from atoll.core.merge import RoundWeight, merge_fragment
+from atoll.core.merge import RoundWeight, merge_flat
 from atoll.core.messages import (
     CloseRound,
     Commit,
@@ -325,12 +326,14 @@ class SyncerProtocol:
         pend = self.pending[p]
         frag = self.plan.fragments[p]
         ids = sorted(pend)
-        deltas = [self.plan.split(p, self.theta[p] - pend[i].theta) for i in ids]
         weights = [pend[i].weight for i in ids]
-        merged = merge_fragment(deltas, weights, frag.is_embedding, self.cfg.merge)
+        sizes = [math.prod(s) for s in frag.shapes]
+        mean = frag.is_embedding or self.cfg.merge == "mean"
+        delta = merge_flat(self.theta[p], [pend[i].theta for i in ids], weights, sizes, mean)
         total = sum(weights)
         scale = self.round_weight.scale(p, total)
-        delta = scale * torch.cat([m.reshape(-1) for m in merged])
+        if scale != 1.0:
+            delta.mul_(scale)
         outer_state = dataclasses.replace(self.outer_state[p])  # committed with the merge
         theta = self.outer.step(self.theta[p], delta, outer_state)
         v = self.version[p] + 1
