@@ -35,3 +35,19 @@ def test_streamed_merge_equals_the_reference(
     got = merge_flat(theta, values, w, sizes, embedding or method == "mean", chunk)
     assert got.dtype == torch.float32 and got.shape == ref.shape
     torch.testing.assert_close(got, ref, rtol=2e-6, atol=1e-6 * float(ref.abs().max()) + 1e-30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(0, 200),
+    bad=st.sampled_from([None, float("nan"), float("inf"), -float("inf"), 3e38]),
+    at=st.integers(0, 199),
+)
+def test_all_finite_agrees_with_isfinite(n, bad, at):
+    from atoll.core.codec import all_finite
+
+    x = torch.randn(n) * 1e37
+    if bad is not None and n:
+        x[at % n] = bad
+        x[(at + 1) % n] = bad if bad != bad else abs(bad)  # overflowing sums of finite values
+    assert all_finite(x) == bool(torch.isfinite(x).all())

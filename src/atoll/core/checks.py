@@ -121,6 +121,6 @@ def decode_checked(
     if bad is not None:
         return bad
     theta = torch.sub(base, delta, out=delta)  # the decoded buffer becomes theta
-    if not bool(torch.isfinite(theta).all()):
+    if not codec.all_finite(theta):
         return Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
     return Decoded(theta, rate)

@@ -105,8 +105,18 @@ def error_bound(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
     return per * (1 + 1e-6) + 1e-30
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every value of float tensor `x` is finite: its sum is (a NaN or an infinity
+    makes the sum NaN or infinite) or, when the sum overflows, its least and largest values
+    are (one pass each, no tensor of flags)."""
+    if math.isfinite(float(x.sum())):
+        return True
+    lo, hi = torch.aminmax(x) if x.numel() else (x.new_zeros(()), x.new_zeros(()))
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
+
+
 def _check_finite(x: torch.Tensor) -> None:
-    if not torch.isfinite(x).all():
+    if not all_finite(x):
         raise CodecError("refusing to encode non-finite values")
 
 
@@ -242,7 +252,7 @@ def decode(
         out = out[:numel]
         if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
             return out
-    if not torch.isfinite(out).all():
+    if not all_finite(out):
         raise CodecError("payload holds non-finite values")
     return out
 

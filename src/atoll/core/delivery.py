@@ -29,7 +29,7 @@ class Delivery:
         change of the public value quantized (what is not sent is carried into the next
         broadcast: the exact value is kept apart). Raises codec.CodecError for a value that
         is not finite or not encodable."""
-        if not bool(torch.isfinite(theta).all()):
+        if not codec.all_finite(theta):
             raise codec.CodecError("the merged value is not finite")
         if self.down_codec == "fp32":
             public = theta.clone()
