@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 import zstandard
 
+from atoll.core import quant
 from atoll.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor,
     """(x padded to whole groups, one row per group; bf16 scales, 1 for all-zero groups)."""
     pad = (-x.numel()) % group
     g = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(-1, group)
-    absmax = g.abs().amax(dim=1)
+    absmax = quant.group_absmax(g)
     top = absmax.max().item() if absmax.numel() else 0.0  # max propagates NaN and inf
     if not math.isfinite(top):
         raise CodecError("refusing to encode non-finite values")
@@ -157,17 +158,16 @@ def _encode(
         qmax = _QMAX[scheme]
         g, scales = _group_scales(x, qmax, group)
         sf = scales.float().unsqueeze(1)
-        q = torch.div(g, sf).round_().clamp_(-qmax, qmax)
-        if want_sent:
-            sent = (q * sf).view(-1)[: x.numel()]
-        if scheme == "int4":
-            u = q.view(-1).add_(8).to(torch.uint8)
-            if u.numel() % 2:
-                u = torch.cat([u, torch.full((1,), 8, dtype=torch.uint8)])
-            q = u[0::2] | (u[1::2] << 4)
-        else:
-            q = q.to(torch.int8)
-        body = scales.view(torch.int16).numpy().tobytes() + q.numpy().tobytes()
+        n_groups = g.shape[0]
+        body_arr = bytearray(_body_len(scheme, x.numel(), group))
+        with warnings.catch_warnings():  # torch warns of every non-writable buffer, not this
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(body_arr, dtype=torch.uint8) if body_arr else torch.zeros(0, dtype=torch.uint8)
+        raw[: 2 * n_groups].view(torch.int16).copy_(scales.view(torch.int16))
+        out = torch.empty(g.numel()) if want_sent else None
+        quant.quantize(g, sf, scheme, qmax, raw[2 * n_groups :], out)
+        sent = out[: x.numel()] if out is not None else None
+        body = bytes(body_arr) if not compress else body_arr
     flags = 0
     if compress:
         body = zstandard.ZstdCompressor(level=1).compress(body)
@@ -248,36 +248,13 @@ def decode(
         if not math.isfinite(top):
             raise CodecError("payload holds non-finite values")
         out = torch.empty(n_groups * group + 1)  # (+1: an odd int4 count's last nibble)
-        _dequantize(raw[2 * n_groups :], sf, group, scheme, out)
+        quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out)
         out = out[:numel]
         if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
             return out
     if not all_finite(out):
         raise CodecError("payload holds non-finite values")
     return out
-
-
-_CHUNK = 1 << 16  # values unpacked at a time: each step's operands stay in the core's cache
-
-
-def _dequantize(qb: torch.Tensor, sf: torch.Tensor, group: int, scheme: str, out: torch.Tensor):
-    """out[i] = q[i] * scale of i's group, for the quantized body bytes `qb`: unpacked and
-    scaled one cache-sized chunk at a time (whole groups, an even count of values)."""
-    n = sf.numel() * group
-    step = max(1, _CHUNK // (2 * group)) * 2 * group  # whole groups, an even count
-    nib = torch.empty(step, dtype=torch.uint8)
-    for s in range(0, n, step):
-        k = min(step, n - s)
-        o = out[s : s + k + (k % 2)]
-        if scheme == "int4":
-            pair = nib[: o.numel()].view(-1, 2)
-            b = qb[s // 2 : (s + k + 1) // 2]
-            torch.bitwise_and(b, 15, out=pair[:, 0])
-            torch.bitwise_right_shift(b, 4, out=pair[:, 1])
-            o.copy_(nib[: o.numel()]).sub_(8)
-        else:
-            o[:k].copy_(qb[s : s + k].view(torch.int8))
-        o[:k].view(-1, group).mul_(sf[s // group : (s + k) // group].unsqueeze(1))
 
 
 def _decompress(body: bytes, expected: int) -> bytes:
