@@ -162,7 +162,11 @@ def _encode(
         body_arr = bytearray(_body_len(scheme, x.numel(), group))
         with warnings.catch_warnings():  # torch warns of every non-writable buffer, not this
             warnings.simplefilter("ignore", UserWarning)
-            raw = torch.frombuffer(body_arr, dtype=torch.uint8) if body_arr else torch.zeros(0, dtype=torch.uint8)
+            raw = (
+                torch.frombuffer(body_arr, dtype=torch.uint8)
+                if body_arr
+                else torch.zeros(0, dtype=torch.uint8)
+            )
         raw[: 2 * n_groups].view(torch.int16).copy_(scales.view(torch.int16))
         out = torch.empty(g.numel()) if want_sent else None
         quant.quantize(g, sf, scheme, qmax, raw[2 * n_groups :], out)
