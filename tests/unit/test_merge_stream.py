@@ -51,3 +51,23 @@ def test_all_finite_agrees_with_isfinite(n, bad, at):
         x[at % n] = bad
         x[(at + 1) % n] = bad if bad != bad else abs(bad)  # overflowing sums of finite values
     assert all_finite(x) == bool(torch.isfinite(x).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    group=st.sampled_from([1, 3, 64, 128]),
+    scheme=st.sampled_from(["int4", "int8", "bf16", "fp32"]),
+    compress=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_from_equals_base_minus_decode(n, group, scheme, compress, seed):
+    from atoll.core import codec
+
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(n, generator=g)
+    frame = codec.encode(0.01 * torch.randn(n, generator=g), scheme, group, compress)
+    delta = codec.decode(frame, n)
+    theta, norm = codec.decode_from(frame, base)
+    assert torch.equal(theta, base - delta)
+    assert abs(norm - float(delta.double().norm())) <= 1e-12 * max(norm, 1e-30)

@@ -214,6 +214,54 @@ def peek(frame: bytes) -> tuple[str, int]:
 def decode(
     frame: bytes, expect_numel: int | None = None, max_numel: int = MAX_NUMEL
 ) -> torch.Tensor:
+    scheme, numel, group, raw = _body(frame, expect_numel, max_numel)
+    if numel == 0:
+        return torch.zeros(0)
+    if scheme == "fp32":
+        out = raw.view(torch.float32).clone()
+    elif scheme == "bf16":
+        out = raw.view(torch.int16).view(torch.bfloat16).float()
+    else:
+        n_groups, sf, top = _scales(raw, numel, group)
+        out = torch.empty(n_groups * group + 1)  # (+1: an odd int4 count's last nibble)
+        quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out)
+        out = out[:numel]
+        if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
+            return out
+    if not all_finite(out):
+        raise CodecError("payload holds non-finite values")
+    return out
+
+
+def decode_from(frame: bytes, base: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(base - the frame's values, the norm of those values), checked as `decode` checks;
+    an int frame in one pass (its values are never whole in memory). `base`: flat float32."""
+    scheme, numel, group, raw = _body(frame, base.numel(), MAX_NUMEL)
+    if scheme not in _QMAX or numel == 0:
+        delta = decode(frame, base.numel())
+        norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
+        return torch.sub(base, delta, out=delta), norm
+    n_groups, sf, _top = _scales(raw, numel, group)
+    out = torch.empty(n_groups * group + 1)
+    norm = math.sqrt(quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base))
+    if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
+        raise CodecError("payload holds non-finite values")
+    return out[:numel], norm
+
+
+def _scales(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tensor, float]:
+    n_groups = -(-numel // group)
+    sf = raw[: 2 * n_groups].view(torch.int16).view(torch.bfloat16).float()
+    top = sf.abs().max().item() if n_groups else 0.0
+    if not math.isfinite(top):
+        raise CodecError("payload holds non-finite values")
+    return n_groups, sf, top
+
+
+def _body(
+    frame: bytes, expect_numel: int | None, max_numel: int
+) -> tuple[str, int, int, torch.Tensor]:
+    """(scheme, numel, group, the body's bytes) of a frame whose every field was checked."""
     scheme, numel = peek(frame)
     _m, _v, _s, flags, _r, _n, group, blen, crc = _HEADER.unpack_from(frame)
     if expect_numel is not None and numel != expect_numel:
@@ -236,29 +284,11 @@ def decode(
         raise CodecError(
             f"{scheme} body of {len(body)} bytes, expected {expected} for {numel} values"
         )
-    if numel == 0:
-        return torch.zeros(0)
+    if not len(body):
+        return scheme, numel, group, torch.zeros(0, dtype=torch.uint8)
     with warnings.catch_warnings():  # a read-only buffer: only read, never written
         warnings.simplefilter("ignore", UserWarning)
-        raw = torch.frombuffer(body, dtype=torch.uint8)  # the received bytes, not a copy
-    if scheme == "fp32":
-        out = raw.view(torch.float32).clone()
-    elif scheme == "bf16":
-        out = raw.view(torch.int16).view(torch.bfloat16).float()
-    else:
-        n_groups = -(-numel // group)
-        sf = raw[: 2 * n_groups].view(torch.int16).view(torch.bfloat16).float()
-        top = sf.abs().max().item() if n_groups else 0.0
-        if not math.isfinite(top):
-            raise CodecError("payload holds non-finite values")
-        out = torch.empty(n_groups * group + 1)  # (+1: an odd int4 count's last nibble)
-        quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out)
-        out = out[:numel]
-        if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
-            return out
-    if not all_finite(out):
-        raise CodecError("payload holds non-finite values")
-    return out
+        return scheme, numel, group, torch.frombuffer(body, dtype=torch.uint8)  # not a copy
 
 
 def _decompress(body: bytes, expected: int) -> bytes:

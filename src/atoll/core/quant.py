@@ -59,12 +59,18 @@ def quantize(
         torch.bitwise_or(uu[0::2], h, out=qb[s // 2 : (s + m) // 2])
 
 
-def dequantize(qb: torch.Tensor, sf: torch.Tensor, group: int, scheme: str, out: torch.Tensor):
+def dequantize(
+    qb: torch.Tensor, sf: torch.Tensor, group: int, scheme: str, out: torch.Tensor,
+    base: torch.Tensor | None = None,
+) -> float:  # fmt: skip
     """out[i] = q[i] * scale of i's group, for the quantized body bytes `qb` (the inverse of
-    `quantize`); `out` holds the groups' values plus one (an odd int4 count's last nibble)."""
+    `quantize`); `out` holds the groups' values plus one (an odd int4 count's last nibble).
+    With `base` (flat, its values: the frame's numel): out[i] = base[i] - that value, and the
+    sum of the squared values (float64) is returned (else 0)."""
     n = sf.numel() * group
     step = _step(group)
     nib = torch.empty(step, dtype=torch.uint8)
+    sq = 0.0
     for s in range(0, n, step):
         k = min(step, n - s)
         o = out[s : s + k + (k % 2)]
@@ -77,3 +83,8 @@ def dequantize(qb: torch.Tensor, sf: torch.Tensor, group: int, scheme: str, out:
         else:
             o[:k].copy_(qb[s : s + k].view(torch.int8))
         o[:k].view(-1, group).mul_(sf[s // group : (s + k) // group].unsqueeze(1))
+        if base is not None:
+            kk = min(k, base.numel() - s)
+            sq += float(torch.linalg.vector_norm(o[:kk], dtype=torch.float64)) ** 2
+            torch.sub(base[s : s + kk], o[:kk], out=o[:kk])
+    return sq
