@@ -152,14 +152,13 @@ def _weighted_sum(theta, values, coef, start, end, d, acc, out) -> float:
 
 
 def _rda(theta, values, w, start, end, d, acc, out) -> None:
-    norms = []
-    for v in values:
-        sq = 0.0
-        for s in range(start, end, d.numel()):
-            k = min(d.numel(), end - s)
+    sq = [0.0] * len(values)
+    for s in range(start, end, d.numel()):  # theta's chunk is read once for all M
+        k = min(d.numel(), end - s)
+        for i, v in enumerate(values):
             x = torch.sub(theta[s : s + k], v[s : s + k], out=d[:k])
-            sq += float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
-        norms.append(sq**0.5)
+            sq[i] += float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
+    norms = [q**0.5 for q in sq]
     radius = sum(wi * n for wi, n in zip(w, norms, strict=True))
     coef = [wi / n if n > 0 else 0.0 for wi, n in zip(w, norms, strict=True)]
     dn = _weighted_sum(theta, values, coef, start, end, d, acc, out) ** 0.5
