@@ -223,7 +223,7 @@ def decode(
         out = raw.view(torch.int16).view(torch.bfloat16).float()
     else:
         n_groups, sf, top = _scales(raw, numel, group)
-        out = torch.empty(n_groups * group + 1)  # (+1: an odd int4 count's last nibble)
+        out = torch.empty(n_groups * group)
         quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out)
         out = out[:numel]
         if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
@@ -238,16 +238,16 @@ def decode_from(
 ) -> tuple[torch.Tensor, float]:
     """(base - the frame's values, the norm of those values), checked as `decode` checks;
     an int frame in one pass (its values are never whole in memory). `base`: flat float32;
-    `out`: a float32 buffer to write into (used when it holds the frame's groups and one
-    more value), else a new one: the values are then a view of that buffer."""
+    `out`: a float32 buffer to write into (used when it holds the frame's groups), else a
+    new one: the values are then a view of that buffer."""
     scheme, numel, group, raw = _body(frame, base.numel(), MAX_NUMEL)
     if scheme not in _QMAX or numel == 0:
         delta = decode(frame, base.numel())
         norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
         return torch.sub(base, delta, out=delta), norm
     n_groups, sf, _top = _scales(raw, numel, group)
-    if out is None or out.numel() < n_groups * group + 1:
-        out = torch.empty(n_groups * group + 1)
+    if out is None or out.numel() < n_groups * group:
+        out = torch.empty(n_groups * group)
     norm = math.sqrt(quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base))
     if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
         raise CodecError("payload holds non-finite values")

@@ -70,25 +70,25 @@ def dequantize(
     base: torch.Tensor | None = None,
 ) -> float:  # fmt: skip
     """out[i] = q[i] * scale of i's group, for the quantized body bytes `qb` (the inverse of
-    `quantize`); `out` holds the groups' values plus one (an odd int4 count's last nibble).
+    `quantize`); `out` holds at least the groups' values.
     With `base` (flat, its values: the frame's numel): out[i] = base[i] - that value, and the
     sum of the squared values (float64) is returned (else 0)."""
     n = sf.numel() * group
     step = _step(group)
-    nib = torch.empty(step, dtype=torch.uint8)
+    nib = torch.empty(step + 1, dtype=torch.uint8)
     sq = 0.0
     for s in range(0, n, step):
         k = min(step, n - s)
-        o = out[s : s + k + (k % 2)]
-        if scheme == "int4":
-            pair = nib[: o.numel()].view(-1, 2)
+        o = out[s : s + k]
+        if scheme == "int4":  # (an odd count's last byte holds one value and a pad nibble)
+            pair = nib[: k + (k % 2)].view(-1, 2)
             b = qb[s // 2 : (s + k + 1) // 2]
             torch.bitwise_and(b, 15, out=pair[:, 0])
             torch.bitwise_right_shift(b, 4, out=pair[:, 1])
-            o.copy_(nib[: o.numel()]).sub_(8)
+            o.copy_(nib[:k]).sub_(8)
         else:
-            o[:k].copy_(qb[s : s + k].view(torch.int8))
-        o[:k].mul_(_spread(sf, s, k, group))
+            o.copy_(qb[s : s + k].view(torch.int8))
+        o.mul_(_spread(sf, s, k, group))
         if base is not None:
             kk = min(k, base.numel() - s)
             sq += float(torch.linalg.vector_norm(o[:kk], dtype=torch.float64)) ** 2
