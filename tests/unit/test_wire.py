@@ -122,11 +122,14 @@ def _drive(proto, rounds, seed=0):
         yield proto.on_contribution(float(i), c)
 
 
-def _same_state(a, b):
+def _same_state(a, b, tol=0.0):
+    def same(x, y):
+        return torch.equal(x, y) if tol == 0 else (x - y).abs().max().item() <= tol
+
     for p in range(a.plan.P):
-        assert torch.equal(a.theta[p], b.theta[p]) and torch.equal(a.public[p], b.public[p])
+        assert same(a.theta[p], b.theta[p]) and same(a.public[p], b.public[p])
         assert a.version[p] == b.version[p]
-        assert torch.equal(a.outer_state[p].buf, b.outer_state[p].buf)
+        assert same(a.outer_state[p].buf, b.outer_state[p].buf)
         assert a.version[p] in b.history[p]
     assert a.rounds_closed == b.rounds_closed
     assert a.grace.step.value == b.grace.step.value
@@ -239,7 +242,9 @@ def test_run_directory_of_the_earlier_layout_still_restores(tmp_path):
     back = make()
     r = restore(back, tmp_path / "run" / "snapshot.safetensors", Tape(tmp_path / "run" / "tape"))
     assert r.found and r.snapshot_seq == 6 and r.replayed == 4 and r.lost_committed_rounds == 0
-    _same_state(live, back)
+    # the files hold values merged by the code of their time; today's merge sums in another
+    # order (float32 rounding, BENCHMARKS.md §10)
+    _same_state(live, back, tol=1e-6)
 
 
 def test_contribution_header_round_trip_and_the_send_time_window():

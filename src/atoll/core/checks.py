@@ -107,20 +107,24 @@ class Decoded:
 
 
 def decode_checked(
-    c: Contribution, numel: int, base: torch.Tensor, guard: MagnitudeGuard
+    c: Contribution,
+    numel: int,
+    base: torch.Tensor,
+    guard: MagnitudeGuard,
+    out: torch.Tensor | None = None,
 ) -> Decoded | Rejection:
     """Decode a contribution whose header passed `check_contribution`, against the public
     value `base` of its base version: a payload that does not decode, a delta beyond the
-    magnitude guard (core/guard.py) or one that overflows float32 is refused."""
-    try:
-        delta = codec.decode(c.payload, numel)
+    magnitude guard (core/guard.py) or one that overflows float32 is refused. `out`: a
+    buffer to decode into (`codec.decode_from`)."""
+    try:  # one pass: decoded, measured and taken from the base
+        theta, norm = codec.decode_from(c.payload, base.reshape(-1), out)
     except codec.CodecError as exc:
         return Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
-    rate = guard.rate(c.fragment, delta, c.steps)
+    rate = guard.rate_of(c.fragment, norm, c.steps)
     bad = guard.check(c.fragment, rate, base)
     if bad is not None:
         return bad
-    theta = base - delta
-    if not bool(torch.isfinite(theta).all()):
+    if not codec.all_finite(theta):
         return Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
     return Decoded(theta, rate)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 import zstandard
 
+from atoll.core import quant
 from atoll.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 
 SCHEMES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
 # byte b of an int4 body holds two values: low nibble - 8, then high nibble - 8
-_INT4_PAIRS = torch.tensor([[(b & 15) - 8, (b >> 4) - 8] for b in range(256)], dtype=torch.float32)
 _QMAX = {"int8": 127, "int4": 7}
 _HEADER = struct.Struct("<4sBBBBQIII")
 MAGIC = b"ATF1"
@@ -73,7 +74,7 @@ def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor,
     """(x padded to whole groups, one row per group; bf16 scales, 1 for all-zero groups)."""
     pad = (-x.numel()) % group
     g = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(-1, group)
-    absmax = g.abs().amax(dim=1)
+    absmax = quant.group_absmax(g)
     top = absmax.max().item() if absmax.numel() else 0.0  # max propagates NaN and inf
     if not math.isfinite(top):
         raise CodecError("refusing to encode non-finite values")
@@ -105,13 +106,30 @@ def error_bound(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
     return per * (1 + 1e-6) + 1e-30
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every value of float tensor `x` is finite: its sum is (a NaN or an infinity
+    makes the sum NaN or infinite) or, when the sum overflows, its least and largest values
+    are (one pass each, no tensor of flags)."""
+    if math.isfinite(float(x.sum())):
+        return True
+    lo, hi = torch.aminmax(x) if x.numel() else (x.new_zeros(()), x.new_zeros(()))
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
+
+
 def _check_finite(x: torch.Tensor) -> None:
-    if not torch.isfinite(x).all():
+    if not all_finite(x):
         raise CodecError("refusing to encode non-finite values")
 
 
 def encode(x: torch.Tensor, scheme: str, group: int = 64, compress: bool = True) -> bytes:
     return _encode(x, scheme, group, compress)[0]
+
+
+def encode_sent(x: torch.Tensor, scheme: str, group: int = 64) -> tuple[bytes, torch.Tensor]:
+    """(frame, what `decode` returns for it), without decoding it."""
+    frame, sent = _encode(x, scheme, group, want_sent=True)
+    assert sent is not None
+    return frame, sent
 
 
 def _encode(
@@ -140,17 +158,20 @@ def _encode(
         qmax = _QMAX[scheme]
         g, scales = _group_scales(x, qmax, group)
         sf = scales.float().unsqueeze(1)
-        q = torch.div(g, sf).round_().clamp_(-qmax, qmax)
-        if want_sent:
-            sent = (q * sf).view(-1)[: x.numel()]
-        if scheme == "int4":
-            u = q.view(-1).add_(8).to(torch.uint8)
-            if u.numel() % 2:
-                u = torch.cat([u, torch.full((1,), 8, dtype=torch.uint8)])
-            q = u[0::2] | (u[1::2] << 4)
-        else:
-            q = q.to(torch.int8)
-        body = scales.view(torch.int16).numpy().tobytes() + q.numpy().tobytes()
+        n_groups = g.shape[0]
+        body_arr = bytearray(_body_len(scheme, x.numel(), group))
+        with warnings.catch_warnings():  # torch warns of every non-writable buffer, not this
+            warnings.simplefilter("ignore", UserWarning)
+            raw = (
+                torch.frombuffer(body_arr, dtype=torch.uint8)
+                if body_arr
+                else torch.zeros(0, dtype=torch.uint8)
+            )
+        raw[: 2 * n_groups].view(torch.int16).copy_(scales.view(torch.int16))
+        out = torch.empty(g.numel()) if want_sent else None
+        quant.quantize(g, sf, scheme, qmax, raw[2 * n_groups :], out)
+        sent = out[: x.numel()] if out is not None else None
+        body = bytes(body_arr) if not compress else body_arr
     flags = 0
     if compress:
         body = zstandard.ZstdCompressor(level=1).compress(body)
@@ -193,6 +214,59 @@ def peek(frame: bytes) -> tuple[str, int]:
 def decode(
     frame: bytes, expect_numel: int | None = None, max_numel: int = MAX_NUMEL
 ) -> torch.Tensor:
+    scheme, numel, group, raw = _body(frame, expect_numel, max_numel)
+    if numel == 0:
+        return torch.zeros(0)
+    if scheme == "fp32":
+        out = raw.view(torch.float32).clone()
+    elif scheme == "bf16":
+        out = raw.view(torch.int16).view(torch.bfloat16).float()
+    else:
+        n_groups, sf, top = _scales(raw, numel, group)
+        out = torch.empty(n_groups * group)
+        quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out)
+        out = out[:numel]
+        if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
+            return out
+    if not all_finite(out):
+        raise CodecError("payload holds non-finite values")
+    return out
+
+
+def decode_from(
+    frame: bytes, base: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, float]:
+    """(base - the frame's values, the norm of those values), checked as `decode` checks;
+    an int frame in one pass (its values are never whole in memory). `base`: flat float32;
+    `out`: a float32 buffer to write into (used when it holds the frame's groups), else a
+    new one: the values are then a view of that buffer."""
+    scheme, numel, group, raw = _body(frame, base.numel(), MAX_NUMEL)
+    if scheme not in _QMAX or numel == 0:
+        delta = decode(frame, base.numel())
+        norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
+        return torch.sub(base, delta, out=delta), norm
+    n_groups, sf, _top = _scales(raw, numel, group)
+    if out is None or out.numel() < n_groups * group:
+        out = torch.empty(n_groups * group)
+    norm = math.sqrt(quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base))
+    if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
+        raise CodecError("payload holds non-finite values")
+    return out[:numel], norm
+
+
+def _scales(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tensor, float]:
+    n_groups = -(-numel // group)
+    sf = raw[: 2 * n_groups].view(torch.int16).view(torch.bfloat16).float()
+    top = sf.abs().max().item() if n_groups else 0.0
+    if not math.isfinite(top):
+        raise CodecError("payload holds non-finite values")
+    return n_groups, sf, top
+
+
+def _body(
+    frame: bytes, expect_numel: int | None, max_numel: int
+) -> tuple[str, int, int, torch.Tensor]:
+    """(scheme, numel, group, the body's bytes) of a frame whose every field was checked."""
     scheme, numel = peek(frame)
     _m, _v, _s, flags, _r, _n, group, blen, crc = _HEADER.unpack_from(frame)
     if expect_numel is not None and numel != expect_numel:
@@ -215,35 +289,11 @@ def decode(
         raise CodecError(
             f"{scheme} body of {len(body)} bytes, expected {expected} for {numel} values"
         )
-    if numel == 0:
-        return torch.zeros(0)
-    if scheme == "fp32":
-        out = torch.frombuffer(bytearray(body), dtype=torch.float32)  # owns its bytearray
-    elif scheme == "bf16":
-        out = torch.frombuffer(bytearray(body), dtype=torch.int16).view(torch.bfloat16).float()
-    else:
-        n_groups = -(-numel // group)
-        raw = bytearray(body)
-        scales = torch.frombuffer(raw[: 2 * n_groups], dtype=torch.int16).view(torch.bfloat16)
-        qb = (
-            torch.frombuffer(raw[2 * n_groups :], dtype=torch.uint8)
-            if len(raw) > 2 * n_groups
-            else torch.zeros(0, dtype=torch.uint8)
-        )
-        sf = scales.float()
-        top = sf.abs().max().item() if n_groups else 0.0
-        if not math.isfinite(top):
-            raise CodecError("payload holds non-finite values")
-        if scheme == "int4":  # one table lookup unpacks both nibbles of a byte
-            q = _INT4_PAIRS[qb.int()].view(-1)[: n_groups * group]
-        else:
-            q = qb.view(torch.int8).float()
-        out = (q.view(n_groups, group) * sf.unsqueeze(1)).view(-1)[:numel]
-        if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
-            return out
-    if not torch.isfinite(out).all():
-        raise CodecError("payload holds non-finite values")
-    return out
+    if not len(body):
+        return scheme, numel, group, torch.zeros(0, dtype=torch.uint8)
+    with warnings.catch_warnings():  # a read-only buffer: only read, never written
+        warnings.simplefilter("ignore", UserWarning)
+        return scheme, numel, group, torch.frombuffer(body, dtype=torch.uint8)  # not a copy
 
 
 def _decompress(body: bytes, expected: int) -> bytes:

@@ -29,15 +29,16 @@ class Delivery:
         change of the public value quantized (what is not sent is carried into the next
         broadcast: the exact value is kept apart). Raises codec.CodecError for a value that
         is not finite or not encodable."""
-        if not bool(torch.isfinite(theta).all()):
+        if not codec.all_finite(theta):
             raise codec.CodecError("the merged value is not finite")
         if self.down_codec == "fp32":
             public = theta.clone()
             frame = codec.encode(public, "fp32")
             kind = UpdateKind.FULL
         else:
-            frame = codec.encode(theta - self.state.public[p], self.down_codec, self.group)
-            public = self.state.public[p] + codec.decode(frame)
+            change = theta - self.state.public[p]
+            frame, sent = codec.encode_sent(change, self.down_codec, self.group)
+            public = self.state.public[p] + sent  # what a learner decodes (the same arithmetic)
             kind = UpdateKind.DELTA
         return FragmentUpdate(p, version, kind, version - 1, frame, included, now), public
 

@@ -52,7 +52,11 @@ class MagnitudeGuard:
 
     def rate(self, p: int, delta: torch.Tensor, steps: int) -> float:
         """The guard's measure of a delta: |delta| / sqrt(steps counted)."""
-        return float(torch.linalg.vector_norm(delta)) / math.sqrt(self._steps(p, steps))
+        return self.rate_of(p, float(torch.linalg.vector_norm(delta)), steps)
+
+    def rate_of(self, p: int, norm: float, steps: int) -> float:
+        """The measure of a delta of norm `norm`."""
+        return norm / math.sqrt(self._steps(p, steps))
 
     def check(self, p: int, rate: float, base: torch.Tensor) -> Rejection | None:
         """A refusal if fragment p's delta of measure `rate` (against `base`) is beyond the

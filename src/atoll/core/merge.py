@@ -104,3 +104,66 @@ def merge_fragment(
         raise ConfigError("merge", method, f"one of {MERGES}")
     fn = weighted_mean if (is_embedding or method == "mean") else rda
     return [fn([d[i] for d in deltas], weights) for i in range(len(deltas[0]))]
+
+
+_CHUNK = 1 << 16  # values of one tensor merged at a time (the accumulator stays in cache)
+
+
+def merge_flat(
+    theta: torch.Tensor,
+    values: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    sizes: Sequence[int],
+    mean: bool,
+    chunk: int = _CHUNK,
+) -> torch.Tensor:
+    """`merge_fragment` of the outer gradients theta - values[m] of one flat fragment whose
+    tensors have `sizes` values each, as one flat float32 vector, streamed: no outer
+    gradient is materialized whole; each tensor is read in cache-sized chunks (twice for
+    RDA: once for the norms, once for the weighted sum) and accumulated in float64.
+    Equal to `merge_fragment` within float rounding (tests/unit/test_merge_stream.py)."""
+    w = _check(values, weights).tolist()
+    out = torch.empty_like(theta, dtype=torch.float32)
+    d = torch.empty(chunk)
+    acc = torch.empty(chunk, dtype=torch.float64)
+    start = 0
+    for size in sizes:
+        end = start + size
+        if mean:
+            _weighted_sum(theta, values, w, start, end, d, acc, out)
+        else:
+            _rda(theta, values, w, start, end, d, acc, out)
+        start = end
+    return out
+
+
+def _weighted_sum(theta, values, coef, start, end, d, acc, out) -> float:
+    """out[start:end] = sum_m coef[m] (theta - values[m]) (float64 sums); its squared norm."""
+    sq = 0.0
+    for s in range(start, end, d.numel()):
+        k = min(d.numel(), end - s)
+        a = acc[:k].zero_()
+        for v, c in zip(values, coef, strict=True):
+            if c:
+                a.add_(torch.sub(theta[s : s + k], v[s : s + k], out=d[:k]), alpha=c)
+        sq += float(a.dot(a))
+        out[s : s + k].copy_(a)
+    return sq
+
+
+def _rda(theta, values, w, start, end, d, acc, out) -> None:
+    sq = [0.0] * len(values)
+    for s in range(start, end, d.numel()):  # theta's chunk is read once for all M
+        k = min(d.numel(), end - s)
+        for i, v in enumerate(values):
+            x = torch.sub(theta[s : s + k], v[s : s + k], out=d[:k])
+            sq[i] += float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
+    norms = [q**0.5 for q in sq]
+    radius = sum(wi * n for wi, n in zip(w, norms, strict=True))
+    coef = [wi / n if n > 0 else 0.0 for wi, n in zip(w, norms, strict=True)]
+    dn = _weighted_sum(theta, values, coef, start, end, d, acc, out) ** 0.5
+    seg = out[start:end]
+    if dn == 0.0:
+        seg.zero_()
+    else:
+        seg.mul_(radius / dn)
