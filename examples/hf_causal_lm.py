@@ -90,7 +90,8 @@ def main() -> None:
         if learner.should_stop:  # the run's token budget is spent
             break
     learner.finish()
-    if distributed:  # the DDP wrapper first: it holds the process group
+    if distributed:  # every rank done with the group; the DDP wrapper first: it holds the group
+        torch.distributed.barrier()
         del net
         torch.distributed.destroy_process_group()
 

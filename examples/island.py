@@ -99,6 +99,7 @@ def main() -> None:
             break
     learner.finish()
     print(f"rank {rank} steps {steps} loss {first:.4f} -> {last:.4f}", flush=True)
+    dist.barrier()  # every rank done with the group's collectives before any rank leaves it
     del net  # the DDP wrapper first: it holds the process group
     dist.destroy_process_group()
 

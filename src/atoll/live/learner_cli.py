@@ -209,6 +209,7 @@ def main(args: argparse.Namespace) -> int:
     if under_torchrun:  # the DDP wrapper first (it holds the process group), then the group
         import torch.distributed as dist
 
+        dist.barrier()  # every rank done with the group's collectives before any rank leaves
         del step_model
         dist.destroy_process_group()
     return 0
