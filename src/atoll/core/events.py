@@ -237,6 +237,9 @@ class SyncerStarted(Record):
     port: int
     epoch: str
     restored: bool
+    fd_limit: int | None = None  # the soft descriptor limit after raising it to the hard one
+    fd_limit_before: int | None = None
+    fd_limit_hard: int | None = None
 
 
 @_kind("syncer_stopped")

@@ -89,7 +89,11 @@ def main(args: argparse.Namespace) -> int:
     tmp = run_dir / "syncer.addr.tmp"
     tmp.write_text(addr)
     tmp.replace(run_dir / "syncer.addr")
-    print(f"atoll syncer: listening on {addr}, run dir {run_dir}", flush=True)
+    fd = service.fd_limit
+    fds = f"descriptors {fd.soft}" + (f" (raised from {fd.before})" if fd.raised else "")
+    if fd.soft < 4096:
+        fds += f": low, the hard limit is {fd.hard}; raise it (ulimit -Hn) for many learners"
+    print(f"atoll syncer: listening on {addr}, run dir {run_dir}, {fds}", flush=True)
     done = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -18,22 +18,11 @@ from atoll.core.learner import LearnerConfig
 from atoll.core.syncer import SyncerConfig
 from atoll.eventlog import EventLog
 from atoll.live.syncer.handlers import Handlers
+from atoll.live.syncer.limits import FdLimit, raise_fd_limit, server_options, workers
 from atoll.live.syncer.runtime import SyncerOptions, SyncerRuntime
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire import convert
-from atoll.wire.auth import KEEPALIVE, MESSAGE_LIMITS, AuthInterceptor, server_credentials
-
-SERVER_OPTIONS = [
-    ("grpc.so_reuseport", 0),
-    *KEEPALIVE,
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    *MESSAGE_LIMITS,
-    # a connection that never completes its handshake (a port scan, a stuck client) or
-    # holds no call for a minute is closed: idle sockets cannot use up the descriptors
-    ("grpc.server_handshake_timeout_ms", 10_000),
-    ("grpc.max_connection_idle_ms", 60_000),
-]
-WORKERS = 256  # each learner holds two long-lived streams (Join, Pulls): room for 120 learners
+from atoll.wire.auth import AuthInterceptor, server_credentials
 
 
 class SyncerService:
@@ -59,6 +48,7 @@ class SyncerService:
         self.auth = AuthInterceptor(opts.run_id, opts.secret, self._auth_refused)
         self.server: grpc.Server | None = None
         self.port = 0
+        self.fd_limit: FdLimit | None = None  # set by start()
         self._auth_lock = threading.Lock()
         self._auth_unwritten, self._auth_written_at = 0, -1.0
 
@@ -83,11 +73,11 @@ class SyncerService:
         self.runtime.record(AuthRefused(method=method[:100], reason=reason, count=count))
 
     def start(self) -> int:
-        _raise_fd_limit()
+        self.fd_limit = fd = raise_fd_limit()
         self.server = grpc.server(
-            ThreadPoolExecutor(max_workers=WORKERS),
+            ThreadPoolExecutor(max_workers=workers(self.opts.max_learners)),
             interceptors=[self.auth],
-            options=SERVER_OPTIONS,
+            options=server_options(fd.soft),
         )
         pbg.add_SyncerServicer_to_server(self.handlers, self.server)
         addr = f"{self.opts.host}:{self.opts.port}"
@@ -101,7 +91,14 @@ class SyncerService:
         self.server.start()
         self.runtime.start_threads()
         rt = self.runtime
-        started = SyncerStarted(port=self.port, epoch=rt.epoch, restored=rt.restored.found)
+        started = SyncerStarted(
+            port=self.port,
+            epoch=rt.epoch,
+            restored=rt.restored.found,
+            fd_limit=fd.soft,
+            fd_limit_before=fd.before,
+            fd_limit_hard=fd.hard,
+        )
         rt.events.record("syncer", started)
         return self.port
 
@@ -123,16 +120,3 @@ class SyncerService:
         rt = self.runtime
         with rt.lock:
             return {**rt.acct, "rounds": rt.proto.rounds_closed, "versions": list(rt.proto.version)}
-
-
-def _raise_fd_limit() -> None:
-    """The soft limit on open descriptors up to the hard one (often 1,024 of 524,288):
-    every learner holds two connections, and the tape and snapshots need files too."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass
