@@ -53,7 +53,7 @@ def _limit(spec: str | None):  # noqa: ANN202
 
 def start(run_dir: Path, nofile: str | None = None) -> tuple:
     """The syncer (under `nofile`, SOFT:HARD) and one learner, once the learner has joined."""
-    from atoll.live.client import status, wait_ready
+    from atoll.live.client import status, syncer_address, wait_ready
 
     env = {**os.environ, "ATOLL_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
@@ -61,13 +61,10 @@ def start(run_dir: Path, nofile: str | None = None) -> tuple:
            RUN, "--no-budget", *_sets(["steps=100000"])]  # fmt: skip
     syncer = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, preexec_fn=_limit(nofile))  # fmt: skip
-    addr_file, until = run_dir / "syncer.addr", time.time() + 60
-    while not addr_file.exists() and time.time() < until and syncer.poll() is None:
-        time.sleep(0.05)
-    if not addr_file.exists():
+    addr = syncer_address(run_dir, 60, alive=lambda: syncer.poll() is None)
+    if addr is None:
         syncer.kill()
         raise RuntimeError(f"the syncer did not start: {syncer.communicate()[0].decode()[-2000:]}")
-    addr = addr_file.read_text()
     wait_ready(addr, RUN, SECRET, 20)
     cmd = [sys.executable, "-m", "atoll.cli", "learner", "--syncer", addr, "--run-id", RUN,
            "--index", "0", *_sets(["steps=100000"])]  # fmt: skip

@@ -139,6 +139,8 @@ def fragment_numels(args: argparse.Namespace) -> list[int]:
 
 
 def start_syncer(args: argparse.Namespace, run_dir: Path, env: dict, cpus: list[int]):
+    from atoll.live.client import syncer_address
+
     cmd = [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir)]
     cmd += ["--run-id", "load", "--no-budget"] + [
         x for s in syncer_sets(args) for x in ("--set", s)
@@ -147,13 +149,11 @@ def start_syncer(args: argparse.Namespace, run_dir: Path, env: dict, cpus: list[
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if cpus:  # still single-threaded (interpreter start-up): every later thread inherits it
         os.sched_setaffinity(proc.pid, cpus)
-    addr, t0 = run_dir / "syncer.addr", time.time()
-    while not addr.exists():
-        if proc.poll() is not None or time.time() - t0 > 120:
-            proc.kill()
-            raise SystemExit(f"the syncer did not start: see {run_dir / 'syncer.log'}")
-        time.sleep(0.1)
-    return proc, addr.read_text().strip()
+    addr = syncer_address(run_dir, 120, alive=lambda: proc.poll() is None)
+    if addr is None:
+        proc.kill()
+        raise SystemExit(f"the syncer did not start: see {run_dir / 'syncer.log'}")
+    return proc, addr
 
 
 def spawn(cfg: dict, env: dict) -> subprocess.Popen:

@@ -21,7 +21,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ def start_syncer(
     """`atoll syncer` in a process of its own (nice 19, on `cpus` when given), ready: (the
     process, its address). `init`: a safetensors file of the model's parameters
     (`atoll.save_init`); None: the built-in model of the settings."""
-    from atoll.live.client import wait_ready
+    from atoll.live.client import syncer_address, wait_ready
 
     cmd = [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir),
            "--run-id", run_id, "--no-budget"]  # fmt: skip
@@ -62,15 +61,12 @@ def start_syncer(
         stderr=subprocess.STDOUT,
         preexec_fn=child_setup,
     )
-    until = time.monotonic() + timeout_s
     try:
-        while not (run_dir / "syncer.addr").exists():
+        addr = syncer_address(run_dir, timeout_s, alive=lambda: proc.poll() is None)
+        if addr is None:
             if proc.poll() is not None:
                 raise RuntimeError(f"syncer exited ({proc.returncode}); run dir {run_dir}")
-            if time.monotonic() > until:
-                raise TimeoutError(f"syncer not listening after {timeout_s:.0f} s")
-            time.sleep(0.05)
-        addr = (run_dir / "syncer.addr").read_text()
+            raise TimeoutError(f"syncer not listening after {timeout_s:.0f} s")
         wait_ready(addr, run_id, secret)
     except BaseException:
         stop_syncer(proc)

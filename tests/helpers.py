@@ -119,22 +119,17 @@ def syncer_process(run_dir: Path, argv: list[str], env: dict, cwd: Path | None =
     `env`'s ATOLL_SECRET, the run id RUN unless argv names one). Returns (process, address)."""
     import subprocess
     import sys
-    import time
 
-    from atoll.live.client import wait_ready
+    from atoll.live.client import syncer_address, wait_ready
 
     cmd = [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir), *argv]
     if "--run-id" not in argv:
         cmd += ["--run-id", RUN]
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    addr_file = run_dir / "syncer.addr"
-    until = time.time() + 60
-    while not addr_file.exists() and time.time() < until and proc.poll() is None:
-        time.sleep(0.05)
-    if not addr_file.exists():
+    addr = syncer_address(run_dir, 60, alive=lambda: proc.poll() is None)
+    if addr is None:
         proc.kill()
         raise AssertionError(f"the syncer did not start: {proc.communicate()[0].decode()[-2000:]}")
-    addr = addr_file.read_text()
     wait_ready(addr, argv[argv.index("--run-id") + 1] if "--run-id" in argv else RUN,
                env["ATOLL_SECRET"], 20)  # fmt: skip
     return proc, addr

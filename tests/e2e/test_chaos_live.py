@@ -173,17 +173,15 @@ def test_a_full_disk_stops_the_syncer_before_it_sends_an_unrecorded_round(tmp_pa
     import torch
 
     from atoll.config import SimConfig
-    from atoll.live.client import wait_ready
+    from atoll.live.client import syncer_address, wait_ready
     from atoll.live.learner import Learner
     from atoll.model.recipe import new_model
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     proc = _syncer(run_dir, fsize=150_000)
-    until = time.time() + 30
-    while not (run_dir / "syncer.addr").exists() and time.time() < until:
-        time.sleep(0.05)
-    addr = (run_dir / "syncer.addr").read_text()
+    addr = syncer_address(run_dir, 30, alive=lambda: proc.poll() is None)
+    assert addr is not None, "the syncer did not start"
     wait_ready(addr, "disk", "disk-secret-0123", 20)
     cfg = SimConfig(n_layer=1, d_model=16, n_head=2, context=16, batch=4, P=4, H=4)
     model = new_model(cfg)

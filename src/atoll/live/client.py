@@ -1,9 +1,10 @@
-"""Small client helpers: wait for a syncer to answer, ask for its status."""
+"""Small client helpers: find a syncer's address, wait for it to answer, ask for its status."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 
@@ -19,6 +20,21 @@ def status(
         return pbg.SyncerStub(ch).Status(
             pb.StatusRequest(), metadata=call_metadata(run_id, secret), timeout=timeout
         )
+
+
+def syncer_address(
+    run_dir: Path, timeout: float = 60.0, alive: Callable[[], bool] | None = None
+) -> str | None:
+    """The address an `atoll syncer --run-dir run_dir` writes there once it listens
+    (`syncer.addr`); None if `alive()` says its process ended, or `timeout` seconds passed,
+    first."""
+    path = Path(run_dir) / "syncer.addr"
+    until = time.monotonic() + timeout
+    while not path.exists():
+        if (alive is not None and not alive()) or time.monotonic() > until:
+            return None
+        time.sleep(0.05)
+    return path.read_text().strip()
 
 
 def wait_ready(
