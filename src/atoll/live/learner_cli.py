@@ -132,6 +132,11 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--nproc/--nnodes", f"{nproc}/{args.nnodes}", "integers >= 1")
     if not 0 <= args.node_rank < args.nnodes:
         raise ConfigError("--node-rank", args.node_rank, f"an integer in [0, {args.nnodes})")
+    # `batch` is the learner's: an island's ranks split it (each trains batch / ranks), so an
+    # island is a faster learner of the same recipe (same steps, schedule and budget)
+    ranks = nproc * args.nnodes
+    if scfg.batch % ranks:
+        raise ConfigError("batch", scfg.batch, f"a multiple of the island's {ranks} ranks")
     under_torchrun = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
     if nproc * args.nnodes > 1 and not under_torchrun:
         _torchrun(args, nproc, lid)  # does not return
@@ -151,11 +156,6 @@ def main(args: argparse.Namespace) -> int:
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(model)
-    # `batch` is the learner's: an island's ranks split it (each trains batch / ranks), so an
-    # island is a faster learner of the same recipe (same steps, schedule and budget)
-    ranks = nproc * args.nnodes
-    if scfg.batch % ranks:
-        raise ConfigError("batch", scfg.batch, f"a multiple of the island's {ranks} ranks")
     data = DataStream(dataclasses.replace(scfg, batch=scfg.batch // ranks), corpus, args.index)
     if args.standby is not None:  # a warm spare: everything is loaded; wait to be needed
         x, y = data.next()

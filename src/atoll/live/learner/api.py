@@ -48,7 +48,6 @@ from atoll.live.learner.island import (
     Leading,
     is_member,
     is_sharded,
-    island_group,
     unwrap,
 )
 from atoll.live.learner.messages import (
@@ -114,7 +113,7 @@ class Learner:
         uses 2e-4). None (default): the interpreter is left alone."""
         if ":" not in syncer:
             raise ConfigError("syncer", syncer, "host:port")
-        self.island = Island(group) if island_group(group) is not None else None
+        self.island = Island.of(group)
         if self.island is not None:  # its talking rank (the other ranks: IslandMember)
             model = unwrap(model)
             self.island.check_same(dict(model.named_parameters()))

@@ -99,16 +99,21 @@ def is_member(group: Any = None) -> bool:
 class Island:
     """The island's process group, as the learner roles use it."""
 
-    def __init__(self, group: Any = None) -> None:
-        self.group = island_group(group)
-        if self.group is None:
-            raise ConfigError("group", group, "a process group of 2 or more ranks")
+    def __init__(self, group: Any) -> None:
+        """`group`: a process group of 2 or more ranks (what `island_group` found)."""
+        self.group = group
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
         self.leader = dist.get_global_rank(self.group, 0)
         nccl = dist.get_backend(self.group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
         self._cmd = torch.zeros(3, dtype=torch.int64, device=self.device)
+
+    @classmethod
+    def of(cls, group: Any = None) -> Island | None:
+        """The island of `group`, or of the initialised default group; None for one process."""
+        g = island_group(group)
+        return None if g is None else cls(g)
 
     def send(self, cmd: int, p: int = 0, *, arg: int = 0) -> None:
         """A command from the talking rank to every other rank."""
@@ -273,7 +278,10 @@ class IslandMember:
         learner_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.island = Island(group)
+        island = Island.of(group)
+        if island is None:
+            raise ConfigError("group", group, "a process group of 2 or more ranks")
+        self.island = island
         self.model = unwrap(model)
         self.optimizer = inner_optimizer
         self.id = learner_id
