@@ -97,7 +97,7 @@ class Atoll:
 
         scfg, _ = build([s for s in self.sets if not s.startswith(("host", "snapshot"))], None)
         plan, _ = file_plan(rd / "init.safetensors", scfg.P, scfg.H, set(), scfg.packing)
-        state, _, _ = read_snapshot(path, plan)
+        state, _, _ = read_snapshot(path, [f.numel for f in plan.fragments])
         out: dict[str, Any] = {}
         for st in state["fragments"]:
             f = plan.fragments[st["fragment"]]

@@ -46,6 +46,9 @@ class LiveConfig:
     # ranks per built-in learner: an island of N processes under torchrun (DDP inside, rank 0
     # talks to the syncer); one number, or one per learner ("1,2": mixed hardware)
     island_size: str = "1"
+    # syncer processes, each serving its share of the fragments (core/shards.py): `atoll run`
+    # and `atoll syncer` start them all; at most the plan's fragments
+    shards: int = 1
 
     def shape_factors(self, learners: int) -> list[float]:
         return _per_learner("shape_mbps", self.shape_mbps, learners, allow_zero=True)
@@ -70,6 +73,8 @@ class LiveConfig:
         if self.snapshot_history < 2:
             raise ConfigError("snapshot_history", self.snapshot_history, "an integer >= 2")
         check_comm(self.comm)
+        if self.shards < 1:
+            raise ConfigError("shards", self.shards, "an integer >= 1 (at most the fragments)")
         if self.pace_s < 0:
             raise ConfigError("pace_s", self.pace_s, "a number >= 0 (seconds per step)")
         if self.wait_s < 0 or self.restart_delay_s < 0:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atoll.config.job import JobConfig
+from atoll.core.shards import ShardSpec
 
 
 @dataclass
@@ -32,6 +33,7 @@ class SyncerOptions:
     max_fragment_bytes: int = 0  # 0: derived from the plan
     expect_learners: int = 0  # start_at is set once this many learners have joined
     max_learners: int = 100  # live sessions (and Pulls streams) at most: 2 threads each
+    shard: ShardSpec = ShardSpec()  # which shard of the syncer this is (core/shards.py)
 
 
 def syncer_options(
@@ -44,6 +46,7 @@ def syncer_options(
     expect: int | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    shard: ShardSpec | None = None,
 ) -> SyncerOptions:
     """The syncer service's options: `budget` False runs until stopped; `expect`: learners
     that start together (None: all the job's learners)."""
@@ -59,10 +62,12 @@ def syncer_options(
         snapshot_every_s=live.snapshot_every_s,
         snapshot_history=live.snapshot_history,
         tape_fsync=live.tape_fsync,
-        token_budget=job.sim.token_budget() if budget else 0,
+        # the token budget is counted by the home shard (0) alone (core/shards.py)
+        token_budget=job.sim.token_budget() if budget and not (shard and shard.index) else 0,
         tls_cert=tls_cert,
         tls_key=tls_key,
         expect_learners=job.run.learners if expect is None else expect,
+        shard=shard or ShardSpec(),
     )
 
 

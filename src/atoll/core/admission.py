@@ -50,14 +50,17 @@ def resume_of(
     )
 
 
-def can_resume(r: Resume | None, history: History) -> bool:
-    """A learner keeps its progress when every version it is based on is still held."""
+def can_resume(r: Resume | None, history: History, served: Sequence[int] | None = None) -> bool:
+    """A learner keeps its progress when every version it is based on is still held (of the
+    `served` fragments: a shard's; default all)."""
     P = len(history)
     if r is None or not r.keep_progress:
         return False
     if len(r.base_versions) != P or len(r.latest_versions) != P:
         return False
-    return history.holds_all(r.base_versions)
+    if served is None or len(served) == P:
+        return history.holds_all(r.base_versions)
+    return all(r.base_versions[p] in history[p] for p in served)
 
 
 class HealCache:
@@ -67,8 +70,11 @@ class HealCache:
     The protocol never changes a tensor in place, it replaces it: the tensor's identity keys
     both caches (not durable state)."""
 
-    def __init__(self, plan: FragmentPlan, heal_codec: str, group: int) -> None:
+    def __init__(
+        self, plan: FragmentPlan, heal_codec: str, group: int, served: Sequence[int] | None = None
+    ) -> None:
         self.plan, self.heal_codec, self.group = plan, heal_codec, group
+        self.served = list(range(plan.P)) if served is None else list(served)
         self.full_frames: dict[int, tuple[torch.Tensor, bytes]] = {}  # p -> (value, frame)
         self.digest_cache: dict[int, tuple[torch.Tensor, dict[str, bytes]]] = {}
 
@@ -86,21 +92,19 @@ class HealCache:
         values: Sequence[torch.Tensor],
         digests: Mapping[str, bytes] | None = None,
     ) -> Heal:
-        """Every fragment in full, except those a fresh learner already holds (all its
+        """Every fragment served in full, except those a fresh learner already holds (all its
         tensors' `digests` match the public value): "held", with no payload. A learner
         started from the run's initial weights, as its peers were, then costs no model
         download."""
         return Heal(
-            tuple(
-                self._held_or_full(p, versions[p], values[p], digests) for p in range(len(values))
-            )
+            tuple(self._held_or_full(p, versions[p], values[p], digests) for p in self.served)
         )
 
     def resumed(
         self, versions: Sequence[int], values: Sequence[torch.Tensor], seen: Sequence[int]
     ) -> Resumed:
         """The fragments that moved on since the versions a resuming learner has `seen`."""
-        lacking = [p for p, v in enumerate(versions) if v > seen[p]]
+        lacking = [p for p in self.served if versions[p] > seen[p]]
         return Resumed(tuple(self.full(p, versions[p], values[p]) for p in lacking))
 
     def _held_or_full(
@@ -122,7 +126,8 @@ class SeenVersions:
     """The versions this process restored, and the newest that learners of earlier epochs
     reported having seen: any beyond what was restored are committed rounds lost."""
 
-    def __init__(self, P: int) -> None:
+    def __init__(self, P: int, served: Sequence[int] | None = None) -> None:
+        self.served = list(range(P)) if served is None else list(served)
         self.restored = [0] * P  # versions when this process started
         self.max_seen = [-1] * P  # newest versions learners of earlier epochs had seen
 
@@ -132,7 +137,8 @@ class SeenVersions:
         loss: it is reported and not counted."""
         if not r.other_epoch or len(r.latest_versions) != len(self.restored):
             return []
-        far = [p for p, v in enumerate(r.latest_versions) if v > self.restored[p] + SEEN_CLAIM_MAX]
+        seen = r.latest_versions
+        far = [p for p in self.served if seen[p] > self.restored[p] + SEEN_CLAIM_MAX]
         if far:
             p = far[0]
             why = (
@@ -141,7 +147,8 @@ class SeenVersions:
             )
             return [Event(now, "syncer", SeenCheck(learner, 0, why))]
         lost = 0
-        for p, v in enumerate(r.latest_versions):
+        for p in self.served:
+            v = seen[p]
             if v > self.max_seen[p]:
                 lost += max(0, v - max(self.max_seen[p], self.restored[p]))
                 self.max_seen[p] = v

@@ -67,9 +67,12 @@ class Delivery:
         return (dataclasses.replace(new, included=included),)
 
     def global_params(self) -> dict[str, torch.Tensor]:
-        """The exact global parameters by name (copies)."""
+        """The exact global parameters by name (copies): of the fragments held (a shard
+        holds only its own)."""
         out = {}
         for p, f in enumerate(self.plan.fragments):
+            if self.state.numels[p] != f.numel:
+                continue
             for name, t in zip(f.names, self.plan.split(p, self.state.theta[p]), strict=True):
                 out[name] = t.clone()
         return out

@@ -29,7 +29,7 @@ fragment's share since its previous send; `final_flush` sends every fragment wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -123,31 +123,41 @@ class LearnerProtocol:
 
     # -- inputs -----------------------------------------------------------------------------
     def on_heal(self, now: float, heal: Heal) -> list[Event]:
-        """Load every global fragment (a "held" one is the learner's own value), overwrite the
-        local parameters, reset counters; a wait in progress ends."""
-        events = self._end_wait(now)
-        self.latest = [torch.empty(0)] * self.plan.P
-        self.latest_version = [-1] * self.plan.P
+        """Load the global fragments the heal carries (a "held" one is the learner's own
+        value), overwrite those local parameters, reset their counters. A heal from a sharded
+        syncer carries one shard's fragments: the learner is healed (trains) once every
+        fragment has a value, and a later heal of one shard leaves the others' progress as it
+        is. Each heal that leaves every fragment loaded is a new generation; a wait in
+        progress ends."""
+        P = self.plan.P
+        if not self.latest:
+            self.latest, self.latest_version = [torch.empty(0)] * P, [-1] * P
+            self.base, self.base_version = [torch.empty(0)] * P, [-1] * P
+        covered = []
         for u in heal.updates:
+            p = u.fragment
             if u.kind == "held":  # our own value is the global one (digests matched)
-                self.latest[u.fragment] = self._flatten(u.fragment)
+                value = self._flatten(p)
             elif u.kind == "full":
-                numel = self.plan.fragments[u.fragment].numel
-                value = codec.decode(u.payload, numel)
-                self.latest[u.fragment] = self._on_device(u.fragment, value)
+                value = self._on_device(p, codec.decode(u.payload, self.plan.fragments[p].numel))
             else:
                 raise ValueError("a heal carries full or held values only")
-            self.latest_version[u.fragment] = u.version
+            self.latest[p] = self.base[p] = value  # the same tensor (never changed in place)
+            self.latest_version[p] = self.base_version[p] = u.version
+            covered.append(p)
         if min(self.latest_version) < 0:
-            raise ValueError("heal is missing fragments")
-        self.base = list(self.latest)  # the same tensors (never changed in place)
-        self.base_version = list(self.latest_version)
-        for p in range(self.plan.P):
+            if self.healed:
+                raise ValueError("heal is missing fragments")
+            for p in covered:
+                self._assign(p, self.base[p])
+            return []  # other shards' heals are still to come
+        events = self._end_wait(now)
+        for p in covered:
             self._assign(p, self.base[p])
             self.counters.reset(p)
-        self.outstanding.clear()
-        self.pulled.clear()
-        self.unsent = [0.0] * self.plan.P  # overwritten by the heal: that work is lost
+            self.outstanding.pop(p, None)
+            self.pulled.discard(p)
+            self.unsent[p] = 0.0  # overwritten by the heal: that work is lost
         self.generation += 1
         if self.phase is not Phase.DONE:
             self.phase = Phase.RUNNING
@@ -184,17 +194,20 @@ class LearnerProtocol:
         """The syncer refused a contribution: an event, and a heal when that is its answer."""
         out: list = [Event(now, self.id, PushRefused(fragment, reason))]
         if action == Action.HEAL:
-            out.append(Send("syncer", HealRequest(reason)))
+            out.append(Send("syncer", HealRequest(reason, fragment)))
         return out
 
-    def on_welcome(self, now: float, restarted: bool, heal: bool) -> list[Send]:
-        """The syncer welcomed it again. A syncer that `restarted` lost its open rounds: when
-        it resumes (keeps its progress, no `heal`), every fragment sent and not yet answered
-        goes again, as if pulled (its delta from the same base holds that work, so none of it
-        is lost)."""
+    def on_welcome(
+        self, now: float, restarted: bool, heal: bool, served: Sequence[int] = ()
+    ) -> list[Send]:
+        """The syncer (a shard of it, serving `served`; empty: all) welcomed it again. One
+        that `restarted` lost its open rounds: when it resumes (keeps its progress, no
+        `heal`), every fragment of its sent and not yet answered goes again, as if pulled (its
+        delta from the same base holds that work, so none of it is lost)."""
         if not restarted or heal or not self.healed or self.phase is Phase.DONE:
             return []
-        self.pulled |= {p for p, r in self.outstanding.items() if not r.answered}
+        mine = set(served) if served else set(range(self.plan.P))
+        self.pulled |= {p for p, r in self.outstanding.items() if not r.answered and p in mine}
         return self.take_pulled(now) if self.phase is Phase.WAITING else []
 
     # -- the token budget and the end of the run --------------------------------------------
@@ -324,7 +337,8 @@ class LearnerProtocol:
                 f"delta update for fragment {p} based on version {u.base_version}, "
                 f"learner has {self.latest_version[p]}: it must heal"
             )
-            return [Event(now, self.id, HealNeeded(reason)), Send("syncer", HealRequest(reason))]
+            heal = HealRequest(reason, p)
+            return [Event(now, self.id, HealNeeded(reason)), Send("syncer", heal)]
         numel = self.plan.fragments[p].numel
         if value is None:
             value = codec.decode(u.payload, numel)

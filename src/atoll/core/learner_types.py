@@ -72,9 +72,11 @@ class Phase(StrEnum):
 @dataclass(frozen=True)
 class HealRequest:
     """Learner -> syncer: load every fragment again (a delta that does not chain onto what it
-    has, or a refusal whose action is to heal)."""
+    has, or a refusal whose action is to heal): of the syncer (the shard) serving
+    `fragment` (-1: all)."""
 
     reason: str
+    fragment: int = -1
 
 
 @dataclass(frozen=True)

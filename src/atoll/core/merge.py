@@ -107,6 +107,7 @@ def merge_fragment(
 
 
 _CHUNK = 1 << 16  # values of one tensor merged at a time (the accumulator stays in cache)
+_CANCELLED = 1e-10  # RDA: a direction this short is opposite outer gradients cancelling
 
 
 def merge_flat(
@@ -163,7 +164,9 @@ def _rda(theta, values, w, start, end, d, acc, out) -> None:
     coef = [wi / n if n > 0 else 0.0 for wi, n in zip(w, norms, strict=True)]
     dn = _weighted_sum(theta, values, coef, start, end, d, acc, out) ** 0.5
     seg = out[start:end]
-    if dn == 0.0:
+    # directions that cancel (the unit vectors' weights sum to 1: dn is in [0, 1]); a float64
+    # residue of ~1e-16 from summing in another order is 0 in the reference too
+    if dn <= _CANCELLED:
         seg.zero_()
     else:
         seg.mul_(radius / dn)

@@ -85,6 +85,8 @@ class GlobalState:
     ) -> None:
         self.plan, self.keep, self.averages = plan, keep, averages
         self.theta = [v.detach().float().clone().reshape(-1) for v in init]
+        # values held per fragment: the plan's, or 0 for one another shard serves
+        self.numels = [v.numel() for v in self.theta]
         self.public = [v.clone() for v in self.theta]
         self.version = [0] * plan.P
         self.history = History(self.public, keep, full_every, max_bytes)
@@ -162,7 +164,7 @@ class GlobalState:
         if len(frags) != self.plan.P:
             raise ValueError(f"state has {len(frags)} fragments, the plan {self.plan.P}")
         for st in frags:
-            numel = self.plan.fragments[st["fragment"]].numel
+            numel = self.numels[st["fragment"]]
             if st["theta"].numel() != numel:
                 raise ValueError(
                     f"fragment {st['fragment']} has {st['theta'].numel()} values in the state, "

@@ -70,6 +70,7 @@ from atoll.core.messages import (
     Pull,
     PullTick,
     PushAnswer,
+    Refusal,
     Rejection,
     Resume,
     Resumed,
@@ -98,13 +99,22 @@ class _Pending:
 
 class SyncerProtocol:
     def __init__(
-        self, plan: FragmentPlan, init: list[torch.Tensor], config: SyncerConfig | None = None
+        self,
+        plan: FragmentPlan,
+        init: list[torch.Tensor],
+        config: SyncerConfig | None = None,
+        owned: frozenset[int] | None = None,
     ) -> None:
+        """`owned`: the fragments this syncer serves, when it is one shard of several
+        (core/shards.py; default: all). It holds nothing of the others and refuses them."""
         self.plan = plan
         self.cfg = cfg = config or SyncerConfig()
         cfg.validate()
         if len(init) != plan.P:
             raise ValueError(f"need {plan.P} initial fragment values, got {len(init)}")
+        self.owned = frozenset(range(plan.P)) if owned is None else frozenset(owned)
+        self.served = sorted(self.owned)  # in order: the loops over fragments
+        init = [v if p in self.owned else torch.empty(0) for p, v in enumerate(init)]
         self.outer = OuterOptimizer(cfg.outer, cfg.outer_lr, cfg.outer_momentum, cfg.outer_delay)
         self.grace = GracePolicy(cfg.quorum, cfg.tau, cfg.grace_gamma, cfg.grace_ema, cfg.grace)
         self.guard = MagnitudeGuard(plan.P, cfg.guard)
@@ -114,9 +124,9 @@ class SyncerProtocol:
         self.state = GlobalState(
             plan, init, cfg.history, avg, cfg.history_full_every, cfg.history_bytes
         )
-        self.heals = HealCache(plan, cfg.heal_codec, cfg.group)  # heals: encoded once
+        self.heals = HealCache(plan, cfg.heal_codec, cfg.group, self.served)  # encoded once
         self.delivery = Delivery(plan, self.state, cfg.down_codec, cfg.heal_codec, cfg.group)
-        self.seen = SeenVersions(plan.P)  # versions restored and seen by earlier epochs
+        self.seen = SeenVersions(plan.P, self.served)  # restored, and seen by earlier epochs
         self.live: set[str] = set()
         self.listening: set[str] = set()  # live learners whose pulls can reach them
         self.pending: list[dict[str, _Pending]] = [{} for _ in range(plan.P)]
@@ -201,7 +211,7 @@ class SyncerProtocol:
         still held, keeps its progress and gets the fragments it lacks.
         `listening=False`: its pull channel opens later (`on_listening`)."""
         out: list = [] if resume is None else self.seen.check(now, learner, resume)
-        heal = not can_resume(resume, self.history)
+        heal = not can_resume(resume, self.history, self.served)
         self.live.add(learner)
         self.pulled.rejoined(learner)
         if listening:
@@ -229,7 +239,7 @@ class SyncerProtocol:
         self.listening.discard(learner)
         self.pulled.forget(learner)
         out: list = [Event(now, "syncer", Lost(learner, why))]
-        for p in range(self.plan.P):
+        for p in self.served:
             out += self._maybe_close(now, p)
         return out
 
@@ -238,7 +248,7 @@ class SyncerProtocol:
         p = c.fragment
         bad = check_contribution(
             c, self.plan, self.live, self.history.held(p), self.state.version_of(p), self.cfg.codec
-        )
+        ) or self._elsewhere(p)
         spare = self._spare[p].pop() if not bad and self._spare[p] else None
         got = bad or decode_checked(  # (only once the header passed)
             c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard, spare
@@ -260,6 +270,13 @@ class SyncerProtocol:
         if slow is not None:
             out.append(Event(now, "syncer", LinkBottleneck(c.learner, *slow)))
         return out + self._maybe_close(now, p)
+
+    def _elsewhere(self, p: int) -> Rejection | None:
+        """A fragment another shard serves: refused (the learner sent it to the wrong one)."""
+        if p in self.owned:
+            return None
+        why = f"fragment {p} is not served by this shard (it serves {self.served[:8]}...)"
+        return Rejection(Refusal.HEADER, why)
 
     def on_progress(self, now: float, msg: Progress) -> list:
         """A learner's step report (`msg.step` steps since it joined, `msg.work_s` their
@@ -284,7 +301,7 @@ class SyncerProtocol:
     def _pull(self, now: float, tick: int) -> list:
         out: list = []
         for f in self.plan.fragments:
-            if f.offset == tick % self.plan.H:
+            if f.offset == tick % self.plan.H and f.index in self.owned:
                 out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.listening)]
                 if self._answer_window:
                     at = self.pulled.open(f.index, now, self.grace, self.listening)
@@ -305,7 +322,7 @@ class SyncerProtocol:
     def close_all(self, now: float) -> list:
         """The end of a run (nothing more will arrive): close every open round now."""
         out: list = []
-        for p in range(self.plan.P):
+        for p in self.served:
             if self.pending[p]:
                 out += self._close(now, p)
         return out

@@ -16,7 +16,9 @@ from atoll.wire.auth import call_metadata, open_channel
 def status(
     address: str, run_id: str, secret: str, timeout: float = 2.0, tls_ca: str | None = None
 ) -> pb.StatusReply:
-    with open_channel(address, "control", tls_ca) as ch:
+    """The syncer's status; of a sharded syncer's addresses (comma-separated), the home
+    shard's (the first: it counts the run's tokens and sets its start)."""
+    with open_channel(address.split(",")[0], "control", tls_ca) as ch:
         return pbg.SyncerStub(ch).Status(
             pb.StatusRequest(), metadata=call_metadata(run_id, secret), timeout=timeout
         )
@@ -45,16 +47,24 @@ def wait_ready(
     tls_ca: str | None = None,
     alive: Callable[[], bool] | None = None,
 ) -> pb.StatusReply | None:
-    """Poll Status until the syncer answers; raises TimeoutError after `timeout` seconds.
-    None as soon as `alive()` says the syncer's process has ended."""
+    """Poll Status until the syncer answers (every shard of a sharded one, comma-separated
+    addresses; the home shard's status); raises TimeoutError after `timeout` seconds. None as
+    soon as `alive()` says the syncer's process has ended."""
     until = time.time() + timeout
     last: Exception | None = None
-    while time.time() < until:
-        if alive is not None and not alive():
-            return None
-        try:
-            return status(address, run_id, secret, 1.0, tls_ca)
-        except grpc.RpcError as exc:
-            last = exc
-            time.sleep(0.1)
-    raise TimeoutError(f"syncer at {address} did not answer within {timeout:.0f} s: {last}")
+    answers: list[pb.StatusReply] = []
+    for a in address.split(","):
+        while True:
+            if alive is not None and not alive():
+                return None
+            try:
+                answers.append(status(a, run_id, secret, 1.0, tls_ca))
+                break
+            except grpc.RpcError as exc:
+                last = exc
+                if time.time() >= until:
+                    raise TimeoutError(
+                        f"syncer at {a} did not answer within {timeout:.0f} s: {last}"
+                    ) from None
+                time.sleep(0.1)
+    return answers[0]

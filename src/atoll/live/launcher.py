@@ -52,10 +52,24 @@ from atoll.live.comm_mode import resolve_comm
 from atoll.live.common import die_with_parent
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A free port, the first of `count` consecutive free ones (a sharded syncer's)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+        if count == 1 or all(_bindable(host, base + i) for i in range(1, count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -102,8 +116,9 @@ class Launcher:
         os.write(fd, secrets.token_hex(24).encode())
         os.close(fd)
         self.secret_path = secret_path
-        self.port = self.lcfg.port or free_port(self.lcfg.host)
-        self.address = f"{self.lcfg.host}:{self.port}"
+        shards = self.lcfg.shards  # shard i listens on port + i (atoll.live.syncer.shard_set)
+        self.port = self.lcfg.port or free_port(self.lcfg.host, shards)
+        self.address = ",".join(f"{self.lcfg.host}:{self.port + i}" for i in range(shards))
         n = self.scfg.learners
         self.lcfg.shape_factors(n)  # a bad per-learner value stops here, not in a learner
         self.islands = self.lcfg.island_sizes(n)

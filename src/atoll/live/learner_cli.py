@@ -17,7 +17,12 @@ from atoll.live.common import add_auth_arguments, add_config_arguments
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     add_auth_arguments(p)
-    p.add_argument("--syncer", required=True, help="the syncer's address, host:port")
+    p.add_argument(
+        "--syncer",
+        required=True,
+        help="the syncer's address, host:port (a sharded syncer: every shard's, in shard "
+        "order, comma-separated)",
+    )
     p.add_argument("--id", default=None, help="learner id (default L<index>)")
     p.add_argument("--index", type=int, default=0, help="data shard index in [0, learners)")
     p.add_argument("--restart", type=int, default=0, help="restart count (reseeds the data)")

@@ -40,6 +40,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-budget", action="store_true", help="run until stopped (no token budget)")
     p.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        help="start this many shard processes, each serving its share of the fragments, in "
+        "RUN_DIR/shard-i (default: the shards setting, 1); learners take all their addresses",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="I/S",
+        help="run shard I of S only (one per host; each with its own --run-dir)",
+    )
+    p.add_argument("--events", type=Path, help="event log (default: RUN_DIR/events.jsonl)")
+    p.add_argument(
         "--expect", type=int, default=-1, help="learners that start together (default: learners)"
     )
 
@@ -52,9 +65,10 @@ def main(args: argparse.Namespace) -> int:
     from atoll.config import load_job
     from atoll.config.options import syncer_options
     from atoll.core.events import RestoreFailed
+    from atoll.core.shards import ShardSpec, identity
     from atoll.errors import EXIT_STORE, restore_hint
     from atoll.eventlog import EventLog
-    from atoll.live.syncer import SyncerService
+    from atoll.live.syncer import SyncerService, shard_set
     from atoll.live.syncer.store_read import StoreError
     from atoll.wire.auth import load_secret
 
@@ -62,7 +76,15 @@ def main(args: argparse.Namespace) -> int:
     scfg = job.sim
     secret = load_secret(args.secret_file)
     plan, init = _start(args, scfg)  # bad input stops here, before anything is written
+    shard = ShardSpec.parse(args.shard) if args.shard else None
+    count = args.shards if args.shards is not None else job.live.shards
+    (shard or ShardSpec(0, count)).check(plan.P)
     run_dir: Path = args.run_dir
+    if shard is None and count > 1:  # the whole shard set, as child processes
+        del init
+        return shard_set.run(args, job, count)
+    if shard is not None:
+        shard_set.claim(run_dir, identity(plan, shard, args.run_id))
     run_dir.mkdir(parents=True, exist_ok=True)
     opts = syncer_options(
         job,
@@ -73,8 +95,9 @@ def main(args: argparse.Namespace) -> int:
         expect=None if args.expect < 0 else args.expect,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        shard=shard,
     )
-    events = EventLog(run_dir / "events.jsonl")
+    events = EventLog(args.events or run_dir / "events.jsonl")
     # `schedule` (pull by default, push as an option) reaches the learners in the Welcome
     s_cfg, l_cfg = job.syncer_config(), job.learner_config()
     try:
@@ -93,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
     fds = f"descriptors {fd.soft}" + (f" (raised from {fd.before})" if fd.raised else "")
     if fd.soft < 4096:
         fds += f": low, the hard limit is {fd.hard}; raise it (ulimit -Hn) for many learners"
-    print(f"atoll syncer: listening on {addr}, run dir {run_dir}, {fds}", flush=True)
+    which = f"shard {shard.label} " if shard else ""
+    print(f"atoll syncer: {which}listening on {addr}, run dir {run_dir}, {fds}", flush=True)
     done = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

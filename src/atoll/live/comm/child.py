@@ -21,6 +21,7 @@ from collections import deque
 
 import torch
 
+from atoll.live.comm.shards import ShardedComm, open_comm
 from atoll.live.comm.side import Comm
 from atoll.live.learner.framing import FrameReader, write_frame
 from atoll.live.learner.messages import (
@@ -43,7 +44,7 @@ class _Outbox:
     def __init__(self, sock: socket.socket, slots: SharedSlots | None) -> None:
         self.sock = sock
         self.slots = slots
-        self.comm: Comm | None = None
+        self.comm: Comm | ShardedComm | None = None
         self._queue: deque[FromComm] = deque()
         self._writing = threading.Lock()
 
@@ -102,7 +103,7 @@ def comm_main(
         os.nice(opts.nice)
     torch.set_num_threads(1)
     outbox = _Outbox(reader.sock, slots)
-    comm = Comm(dataclasses.replace(opts, parent_pid=os.getppid()), outbox)
+    comm = open_comm(dataclasses.replace(opts, parent_pid=os.getppid()), outbox)
     outbox.comm = comm
     comm.start()
     msgs = pending or []

@@ -50,9 +50,13 @@ class Downlink(Part):
         force = self.channels.take_heal_request()
         st = self.steps.state
         if st is None:  # nothing trained yet: a fresh learner, its parameters as they started
-            return convert.hello(self.id, self.o.incarnation, None, digests=dict(self.o.digests))
-        past = Resume(tuple(st.base_versions), tuple(st.latest_versions), keep_progress=not force)
-        return convert.hello(self.id, self.o.incarnation, past, self.session.epoch)
+            h = convert.hello(self.id, self.o.incarnation, None, digests=dict(self.o.digests))
+        else:
+            keep = not force
+            past = Resume(tuple(st.base_versions), tuple(st.latest_versions), keep_progress=keep)
+            h = convert.hello(self.id, self.o.incarnation, past, self.session.epoch)
+        h.shard, h.shards = self.o.shard, self.o.shards  # the shard it takes its syncer for
+        return h
 
     def run(self) -> None:
         """The down thread."""
@@ -130,7 +134,8 @@ class Downlink(Part):
         for msg in call:
             which = msg.WhichOneof("body")
             if which == "welcome":
-                expect_heal = len(msg.welcome.fragments) if msg.welcome.heal else 0
+                w = msg.welcome  # a shard's heal carries the fragments it serves
+                expect_heal = (len(w.served) or len(w.fragments)) if w.heal else 0
                 heal_parts = []
                 yield self._on_welcome(msg.welcome)
             elif which == "update":

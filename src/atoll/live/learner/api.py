@@ -41,7 +41,7 @@ from atoll.core.messages import Heal, Outgoing, Send
 from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
 from atoll.live.comm_mode import learners_on_host, resolve_comm
-from atoll.live.learner import ending
+from atoll.live.learner import ending, joining
 from atoll.live.learner.island import (
     Island,
     IslandMember,
@@ -68,8 +68,6 @@ from atoll.live.learner.messages import (
     Welcomed,
 )
 from atoll.live.learner.ports import ClosedPort, Port, ProcessPort, ThreadPort
-from atoll.wire import atoll_pb2 as pb
-from atoll.wire import convert
 from atoll.wire.auth import load_secret
 
 
@@ -111,8 +109,8 @@ class Learner:
         `switch_interval_s`: with comm threads, `sys.setswitchinterval` for the whole process
         (Python's 5 ms can delay the training thread after each torch op; `atoll learner`
         uses 2e-4). None (default): the interpreter is left alone."""
-        if ":" not in syncer:
-            raise ConfigError("syncer", syncer, "host:port")
+        if any(":" not in a for a in syncer.split(",")):
+            raise ConfigError("syncer", syncer, "host:port, or a sharded syncer's host:port,...")
         self.island = Island.of(group)
         if self.island is not None:  # its talking rank (the other ranks: IslandMember)
             model = unwrap(model)
@@ -144,7 +142,7 @@ class Learner:
         self.pull_latency_s: deque[float] = deque(maxlen=256)  # syncer's send -> comm side
         self._connected = False
         self.budget = BudgetShare()  # the syncer's answers feed it from the first heartbeat
-        self._epoch = ""  # the syncer's, from its newest Welcome
+        self._welcomes = joining.Welcomes()  # the syncer's (each shard's) newest
         self._submitted = 0
         self._comm_status = CommStatus()
         self._submits: list[Submit] = []
@@ -182,35 +180,10 @@ class Learner:
         """Wait for the Welcome and the first heal; whatever stops it (a model that is not the
         syncer's, a refusal, no heal in time) closes the communication side first."""
         try:
-            self._first_heal(timeout)
+            joining.first_heal(self, timeout)
         except BaseException:
             self.close()
             raise
-
-    def _first_heal(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        welcome = plan = None
-        while time.time() < deadline:
-            match self.port.get(0.2):
-                case Welcomed(data):
-                    welcome = pb.Welcome.FromString(data)
-                    self._epoch = welcome.epoch
-                    plan = convert.plan_from_welcome(welcome)
-                    plan.check_params(self.params)  # before the heal: this model, the syncer's?
-                case CommFailed(reason):
-                    raise ConnectionError(reason)
-                case CommStatus() as st:
-                    self._status(st)
-                case HealReceived(heal) if welcome is not None and plan is not None:
-                    cfg = convert.learner_config_from_welcome(welcome, block=True)
-                    cfg = dataclasses.replace(cfg, max_wait_s=self.wait_s)
-                    flat = self._fragments(plan)
-                    self.proto = LearnerProtocol(self.id, plan, self.params, cfg, flat, self.budget)
-                    self.proto.delta_out = self.port.delta_buffer  # e.g. into a shared slot
-                    self.port.layout([f.numel for f in plan.fragments])
-                    self._apply_heal(heal)
-                    return
-        raise TimeoutError(f"no heal from the syncer at {self.address} within {timeout:.0f} s")
 
     def _apply_heal(self, heal: Heal) -> None:
         assert self.proto is not None
@@ -220,7 +193,8 @@ class Learner:
             since = now - self.started
             data = dataclasses.replace(e.data, incarnation=self.incarnation, since_start_s=since)
             self.events.record(self.id, data, now)
-        self.port.send(Reset(self.proto.generation))
+        fragments = tuple(u.fragment for u in heal.updates)
+        self.port.send(Reset(self.proto.generation, fragments))
         self._flush()
         self._last_step_t = time.time()
 
@@ -299,7 +273,7 @@ class Learner:
                 self._submits.append(self.port.submit(o.message))
                 self._submitted += 1
             elif isinstance(o.message, HealRequest):
-                self.port.send(RequestHeal())
+                self.port.send(RequestHeal(o.message.fragment))
 
     def _flush(self) -> None:
         """Hand this step's state over: one message to the communication side."""
@@ -364,9 +338,8 @@ class Learner:
                 self.events.record(self.id, CommFatal(reason))
                 raise CommError(f"learner {self.id}: {reason}")
             case Welcomed(data):  # a rejoin: a heal follows, or it resumes
-                w = pb.Welcome.FromString(data)
-                restarted, self._epoch = w.epoch != self._epoch, w.epoch
-                self._outputs(proto.on_welcome(time.time(), restarted, w.heal))
+                w, restarted = self._welcomes.take(data)
+                self._outputs(proto.on_welcome(time.time(), restarted, w.heal, w.served))
             case BeatDone():
                 pass  # a late answer to `beat_once`
 

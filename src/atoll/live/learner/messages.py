@@ -49,6 +49,10 @@ class CommOptions:
     # the parameters' digests by name at start (codec.digest): a fresh learner's first heal
     # leaves out the fragments it already holds
     digests: tuple[tuple[str, bytes], ...] = ()
+    # a sharded syncer (core/shards.py): `address` lists every shard's, in shard order; each
+    # shard's connection is told which shard it takes its syncer for
+    shard: int = 0
+    shards: int = 0
 
 
 # -- down: training -> communication ---------------------------------------------------------
@@ -106,14 +110,19 @@ class StepState:
 
 @dataclass(frozen=True)
 class Reset:
-    """The learner healed: contributions of an older generation are obsolete."""
+    """The learner healed: contributions of an older generation are obsolete (of the healed
+    `fragments`; empty: all)."""
 
     generation: int
+    fragments: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class RequestHeal:
-    """Rejoin with a heal (an update that does not chain, a refusal asking for one)."""
+    """Rejoin with a heal (an update that does not chain, a refusal asking for one): the
+    syncer (the shard) that serves `fragment` (-1: every one)."""
+
+    fragment: int = -1
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch
 
 from atoll.core.messages import Outgoing
 from atoll.live import shm
-from atoll.live.comm import Comm
+from atoll.live.comm.shards import open_comm
 from atoll.live.learner.framing import FrameReader, write_frame
 from atoll.live.learner.messages import (
     Close,
@@ -50,7 +50,7 @@ class ThreadPort:
 
     def __init__(self, opts: CommOptions) -> None:
         self.inbox: queue.SimpleQueue[FromComm] = queue.SimpleQueue()
-        self.comm = Comm(opts, self.inbox.put)
+        self.comm = open_comm(opts, self.inbox.put)
         self.comm.start()
 
     def send(self, msg: ToComm) -> None:

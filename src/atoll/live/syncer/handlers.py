@@ -54,8 +54,21 @@ class Handlers(pbg.SyncerServicer):
         with self.rt.lock:
             self.rt.acct["bytes_out"] += len(u.payload)
 
+    def _check_shard(self, hello: pb.Hello, context: grpc.ServicerContext) -> None:
+        """A learner must take this syncer for the shard it is (core/shards.py)."""
+        w = self._welcome
+        want = (hello.shard, max(hello.shards, 1))
+        if want != (w.shard, w.shards):
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this syncer is shard {w.shard}/{w.shards} of run {self.rt.opts.run_id!r}, the "
+                f"learner took it for shard {want[0]}/{want[1]}: give every learner all the "
+                "shards' addresses, in shard order (--syncer ADDR0,ADDR1,...)",
+            )
+
     def Join(self, hello: pb.Hello, context: grpc.ServicerContext) -> Iterator[pb.Down]:  # noqa: N802
         _check_hello(hello, context)
+        self._check_shard(hello, context)
         rt = self.rt
         now = time.time()
         with rt.lock:

@@ -39,6 +39,7 @@ from atoll.core.events import (
 )
 from atoll.core.fragments import FragmentPlan
 from atoll.core.messages import Commit, FragmentUpdate, Pull, Send, SetTimer, TimerKey
+from atoll.core.shards import owned
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
 from atoll.live.syncer.books import Books, new_accounts
@@ -65,7 +66,8 @@ class SyncerRuntime:
         events: EventLog | None = None,
     ) -> None:
         self.plan, self.opts = plan, opts
-        self.proto = SyncerProtocol(plan, init, config)
+        served = owned(plan, opts.shard) if opts.shard.count > 1 else None
+        self.proto = SyncerProtocol(plan, init, config, served)
         self.events = events or EventLog(opts.run_dir / "events.jsonl")
         self.lock = threading.RLock()
         self.epoch = uuid.uuid4().hex[:12]

@@ -44,6 +44,8 @@ class SyncerService:
         self.opts = opts
         max_bytes = opts.max_fragment_bytes or max(4 * f.numel + 4096 for f in plan.fragments)
         welcome = convert.welcome(plan, learner_cfg, "", False, opts.chunk_bytes, max_bytes)
+        welcome.shard, welcome.shards = opts.shard.index, opts.shard.count
+        welcome.served.extend(self.runtime.proto.served)
         self.handlers = Handlers(self.runtime, welcome)
         self.auth = AuthInterceptor(opts.run_id, opts.secret, self._auth_refused)
         self.server: grpc.Server | None = None

@@ -183,7 +183,7 @@ def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> RestoreResult:
     base = None
     versions = list(proto.version)
     if snapshot.exists():
-        base, out.snapshot_seq, out.extra = read_snapshot(snapshot, plan)
+        base, out.snapshot_seq, out.extra = read_snapshot(snapshot, proto.state.numels)
         versions = [0] * plan.P
         for st in base["fragments"]:
             versions[st["fragment"]] = st["version"]
@@ -202,7 +202,7 @@ def restore(proto: SyncerProtocol, snapshot: Path, tape: Tape) -> RestoreResult:
         records, bad = scan(data)
         for off, body in records:
             where = f"{path.name} at byte {off}"
-            seq, st, extra = read_record(body, plan, where)
+            seq, st, extra = read_record(body, proto.state.numels, where)
             if seq < out.snapshot_seq:  # covered by the snapshot
                 continue
             if seq != due:

@@ -152,14 +152,16 @@ def _grace(d: dict, where: str) -> dict[str, float | None]:
 
 
 def _fragment(
-    meta: dict, tensors: dict[str, torch.Tensor], prefix: str, plan: Any, where: str
+    meta: dict, tensors: dict[str, torch.Tensor], prefix: str, numels: list[int], where: str
 ) -> dict[str, Any]:
-    """A fragment state from its metadata and tensors, checked against the plan."""
+    """A fragment state from its metadata and tensors, checked against the values the syncer
+    holds per fragment (`numels`: the plan's; 0 for those another shard serves)."""
+    P = len(numels)
     if not isinstance(meta, dict):
         raise StoreError(f"{where}: fragment entry {meta!r}, expected an object")
     p = _int(meta, "fragment", where)
-    if p >= plan.P:
-        raise StoreError(f"{where}: fragment {p} out of range [0, {plan.P})")
+    if p >= P:
+        raise StoreError(f"{where}: fragment {p} out of range [0, {P})")
     version = _int(meta, "version", where)
     _int(meta, "count", where)
     hist = meta.get("history", [version])
@@ -169,19 +171,23 @@ def _fragment(
         if f"{prefix}{k}" not in tensors:
             raise StoreError(f"{where}: tensor {prefix}{k} is missing")
     st = state_of(prefix, meta, tensors)
-    numel = plan.fragments[p].numel
+    numel = numels[p]
     named = {"theta": st["theta"], "public": st["public"], **st["outer"]}
     named.update({f"hist.{v}": t for v, t in st["history"].items()})
     for k, t in named.items():
         if isinstance(t, torch.Tensor) and tuple(t.shape) != (numel,):
+            whose = "the plan" if numel else "none (another shard serves it)"
             raise StoreError(
-                f"{where}: fragment {p} {k} has shape {tuple(t.shape)}, the plan ({numel},)"
+                f"{where}: fragment {p} {k} has shape {tuple(t.shape)}, expected ({numel},): "
+                f"{whose}"
             )
     return st
 
 
-def read_snapshot(path: Path, plan: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
-    """(state for load_state_dict, tape_next, extra) of a snapshot file, checked."""
+def read_snapshot(path: Path, numels: list[int]) -> tuple[dict[str, Any], int, dict[str, Any]]:
+    """(state for load_state_dict, tape_next, extra) of a snapshot file, checked against the
+    values held per fragment."""
+    P = len(numels)
     where = path.name
     tensors, meta, md = parse(read_file(path), where)
     if CRC_KEY in md and md[CRC_KEY] != digest(md["json"], tensors):
@@ -193,20 +199,22 @@ def read_snapshot(path: Path, plan: Any) -> tuple[dict[str, Any], int, dict[str,
     frags = meta.get("fragments")
     if not isinstance(extra, dict) or not isinstance(frags, list):
         raise StoreError(f"{where}: expected 'fragments' (a list) and 'extra' (an object)")
-    if len(frags) != plan.P or not all(isinstance(f, dict) for f in frags):
-        raise StoreError(f"{where}: {len(frags)} fragment entries, the plan has {plan.P}")
+    if len(frags) != P or not all(isinstance(f, dict) for f in frags):
+        raise StoreError(f"{where}: {len(frags)} fragment entries, the plan has {P}")
     upgrade(meta, tensors)
-    states = [_fragment(f, tensors, f"{f.get('fragment')}.", plan, where) for f in frags]
-    if sorted(st["fragment"] for st in states) != list(range(plan.P)):
+    states = [_fragment(f, tensors, f"{f.get('fragment')}.", numels, where) for f in frags]
+    if sorted(st["fragment"] for st in states) != list(range(P)):
         raise StoreError(f"{where}: fragments {[st['fragment'] for st in states]}, not 0..P-1")
     return {"rounds_closed": rounds, "grace": grace, "fragments": states}, tape_next, extra
 
 
-def read_record(body: bytes, plan: Any, where: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
+def read_record(
+    body: bytes, numels: list[int], where: str
+) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """(seq, fragment state for load_fragment_state, extra) of a tape record, checked."""
     tensors, meta, _md = parse(body, where)
     seq = _int(meta, "seq", where)
-    st = _fragment(meta, tensors, "", plan, where)
+    st = _fragment(meta, tensors, "", numels, where)
     st.update(rounds_closed=_int(meta, "rounds_closed", where), grace=_grace(meta, where))
     extra = meta.get("extra", {})
     if not isinstance(extra, dict):

@@ -1,0 +1,186 @@
+"""`atoll syncer --shards S`: a run's shard set (atoll.core.shards) as child processes of one
+command, each `atoll syncer --shard i/S` in RUN_DIR/shard-i with its own tape and snapshots.
+
+It writes RUN_DIR/syncer.addr as the shards' addresses in shard order (what learners take),
+restarts a shard that dies on the same port (it restores from its own tape while the others go
+on), ends the set on SIGTERM or Ctrl+C, and then writes the run's results as one syncer would:
+RUN_DIR/final.safetensors (every shard's fragments) and RUN_DIR/syncer_final.json (the books:
+the home shard's tokens, every shard's bytes, refusals, restarts and lost rounds summed).
+
+`claim` guards a shard's directory: the first start records which shard of which run it holds
+(shard.json); a shard started on another shard's directory, or on another run's, stops before
+it reads any state, with one line that says which is which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from atoll.core.shards import check_identity
+from atoll.errors import EXIT_STORE, ConfigError
+from atoll.live.client import syncer_address
+from atoll.live.common import die_with_parent
+
+RESTART_DELAY_S = 0.5  # a shard that died is started again this long after
+_OWN_FLAGS = ("--shards", "--shard", "--run-dir", "--events")  # set per shard below
+
+
+def claim(run_dir: Path, ident: dict[str, Any]) -> None:
+    """Record which shard `run_dir` holds, or check that it holds this one."""
+    path = run_dir / "shard.json"
+    if path.exists():
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError("run-dir", str(run_dir), f"a readable shard.json ({exc})") from None
+        check_identity(found if isinstance(found, dict) else {}, ident, str(run_dir))
+        return
+    tape = run_dir / "tape"
+    if (run_dir / "snapshot.safetensors").exists() or (tape.is_dir() and any(tape.iterdir())):
+        raise ConfigError(
+            "run-dir",
+            str(run_dir),
+            f"a directory without another syncer's state: it holds one but no shard.json (an "
+            f"unsharded syncer's, or a copied tape), and this is shard "
+            f"{ident['shard']}/{ident['shards']}",
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / "shard.json.tmp"
+    tmp.write_text(json.dumps(ident))
+    tmp.replace(path)
+
+
+def _strip(argv: list[str]) -> list[str]:
+    """The command line without the flags each shard is given its own value of."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _OWN_FLAGS:
+            skip = True
+        elif not a.startswith(tuple(f"{f}=" for f in _OWN_FLAGS)):
+            out.append(a)
+    return out
+
+
+class _Shard:
+    def __init__(self, index: int, count: int, run_dir: Path, port: int) -> None:
+        self.index, self.count, self.dir, self.port = index, count, run_dir / f"shard-{index}", port
+        self.popen: subprocess.Popen | None = None
+        self.restarts = 0
+        if not port and (self.dir / "syncer.addr").exists():  # restarted set: the same port
+            self.port = int((self.dir / "syncer.addr").read_text().rsplit(":", 1)[1])
+
+    def start(self, base: list[str], events: Path) -> None:
+        (self.dir / "syncer.addr").unlink(missing_ok=True)
+        argv = [*base, "--shard", f"{self.index}/{self.count}", "--run-dir", str(self.dir)]
+        argv += ["--events", str(events), *(["--set", f"port={self.port}"] if self.port else [])]
+        self.popen = subprocess.Popen(argv, preexec_fn=die_with_parent)
+
+    def address(self) -> str | None:
+        popen = self.popen
+        addr = syncer_address(self.dir, 120.0, alive=lambda: popen.poll() is None)
+        if addr is not None:
+            self.port = int(addr.rsplit(":", 1)[1])
+        return addr
+
+
+def run(args: Any, job: Any, count: int) -> int:
+    run_dir: Path = args.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    events = args.events or run_dir / "events.jsonl"
+    base = [sys.executable, "-m", "atoll.cli", *_strip(args._argv)]
+    port = job.live.port
+    shards = [_Shard(i, count, run_dir, port + i if port else 0) for i in range(count)]
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    for sh in shards:
+        sh.start(base, events)
+    addrs = [sh.address() for sh in shards]
+    if any(a is None for a in addrs):
+        _stop(shards)
+        bad = next(sh for sh, a in zip(shards, addrs, strict=True) if a is None)
+        rc = bad.popen.poll() if bad.popen else None
+        print(f"atoll syncer: shard {bad.index}/{count} did not start (exit {rc})", flush=True)
+        return EXIT_STORE if rc == EXIT_STORE else 1
+    tmp = run_dir / "syncer.addr.tmp"
+    tmp.write_text(",".join(addrs))  # type: ignore[arg-type]
+    tmp.replace(run_dir / "syncer.addr")
+    print(f"atoll syncer: {count} shards on {','.join(addrs)}, run dir {run_dir}", flush=True)
+    rc = _supervise(shards, base, events, done)
+    _stop(shards)
+    combine(run_dir, count)
+    return rc
+
+
+def _supervise(shards: list[_Shard], base: list[str], events: Path, done: threading.Event) -> int:
+    """Restart a shard that died (on its port, from its tape) until the set is told to end; a
+    shard that cannot restore its state ends the set (restarting cannot help)."""
+    down: dict[int, float] = {}
+    while not done.wait(0.1):
+        for sh in shards:
+            rc = sh.popen.poll() if sh.popen else None
+            if rc is None:
+                continue
+            if rc == EXIT_STORE:
+                print(f"atoll syncer: shard {sh.index} cannot restore its run", flush=True)
+                return EXIT_STORE
+            now = time.monotonic()
+            if sh.index not in down:
+                down[sh.index] = now + RESTART_DELAY_S
+                print(f"atoll syncer: shard {sh.index} exited (code {rc}), restarting", flush=True)
+            elif now >= down[sh.index]:
+                del down[sh.index]
+                sh.restarts += 1
+                sh.start(base, events)
+    return 0
+
+
+def _stop(shards: list[_Shard]) -> None:
+    live = [sh.popen for sh in shards if sh.popen is not None and sh.popen.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    until = time.time() + 30.0
+    for p in live:
+        try:
+            p.wait(max(until - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+_SUMMED = ("bytes_in", "bytes_out", "accepted", "refused", "refused_beats", "broken_transfers")
+_SUMMED += ("auth_refused", "restarts", "lost_committed_rounds", "useful_s")
+
+
+def combine(run_dir: Path, count: int) -> None:
+    """One syncer's results from the shards' (those that wrote theirs)."""
+    from safetensors.torch import load_file, save_file
+
+    dirs = [run_dir / f"shard-{i}" for i in range(count)]
+    params: dict = {}
+    for d in dirs:
+        if (d / "final.safetensors").exists():
+            params.update(load_file(str(d / "final.safetensors")))
+    if params:
+        save_file(params, str(run_dir / "final.safetensors"))
+    books = [json.loads((d / "syncer_final.json").read_text()) for d in dirs
+             if (d / "syncer_final.json").exists()]  # fmt: skip
+    if not books:
+        return
+    out = dict(books[0])  # the home shard's tokens, start and epochs
+    for k in _SUMMED:
+        out[k] = sum(b.get(k, 0) for b in books)
+    out["shards"] = [{k: b.get(k) for k in ("restarts", "lost_committed_rounds")} for b in books]
+    tmp = run_dir / "syncer_final.json.tmp"
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, run_dir / "syncer_final.json")
