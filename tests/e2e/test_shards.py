@@ -1,0 +1,169 @@
+"""A sharded syncer, as processes: `atoll syncer --shards 2` and two built-in learners. One
+shard is killed and restored from its own tape while the other keeps closing rounds; nothing
+committed is lost, the learners finish, and the run's model holds every shard's fragments.
+Bad input stops with one line and disturbs no running shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from atoll.config import load_job
+from atoll.core.shards import assign
+from atoll.eventlog import read_events
+from atoll.live.client import status
+from atoll.model.recipe import builtin_plan
+from tests.helpers import RUN, SECRET, syncer_process
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "ATOLL_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
+SETS = ["--set", "learners=2", "--set", "steps=120", "--set", "snapshot_every_s=2"]
+
+
+def _shard_pid(index: int) -> int:
+    """The pid of the process running shard `index` of 2."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"syncer" in argv and f"{index}/2".encode() in argv and str(RUN).encode() in argv:
+                return int(d.name)
+    raise AssertionError(f"no process runs shard {index}")
+
+
+def _learner(addr: str, index: int, run_dir: Path) -> subprocess.Popen:
+    events = str(run_dir / "events.jsonl")
+    cmd = [sys.executable, "-m", "atoll.cli", "learner", *SETS, "--syncer", addr,
+           "--index", str(index), "--run-id", RUN, "--events", events]  # fmt: skip
+    log = open(run_dir / f"L{index}.log", "wb")  # noqa: SIM115 - the process writes it
+    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _rounds(run_dir: Path, shard_of: list[int]) -> list[tuple[float, int]]:
+    events = read_events(run_dir / "events.jsonl")
+    return [
+        (e["t"], shard_of[e["data"]["fragment"]]) for e in events if e["kind"] == "round_closed"
+    ]
+
+
+def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds(tmp_path):
+    plan, _ = builtin_plan(load_job([s for s in SETS if s != "--set"], None).sim)
+    shard_of = assign([f.numel for f in plan.fragments], 2)
+    proc, addr = syncer_process(tmp_path, ["--shards", "2", *SETS], ENV, ROOT)
+    assert len(addr.split(",")) == 2
+    learners = [_learner(addr, i, tmp_path) for i in range(2)]
+    try:
+        until = time.time() + 120
+        while {s for _, s in _rounds(tmp_path, shard_of)} != {0, 1}:  # both shards merging
+            assert time.time() < until and all(p.poll() is None for p in learners)
+            time.sleep(0.2)
+        killed_at = time.time()
+        os.kill(_shard_pid(1), signal.SIGKILL)
+        for p in learners:
+            assert p.wait(150) == 0, (tmp_path / "L0.log").read_text()[-3000:]
+        events = read_events(tmp_path / "events.jsonl")
+        restored = [e["t"] for e in events if e["kind"] == "restored" and e["t"] > killed_at]
+        assert restored, "shard 1 was not restored from its tape"
+        during = [s for t, s in _rounds(tmp_path, shard_of) if killed_at < t < restored[0]]
+        assert 0 in during and 1 not in during  # shard 0 went on while shard 1 was down
+        after = [s for t, s in _rounds(tmp_path, shard_of) if t > restored[0]]
+        assert 1 in after  # and shard 1 merged again once back
+        lost = [e["data"]["lost_committed_rounds"] for e in events if e["kind"] == "seen_check"]
+        assert lost and sum(lost) == 0, lost  # learners saw nothing the restore lacks
+        st = status(addr, RUN, SECRET)
+        assert st.tokens >= 120 * 2 * 16 * 64 * 0.9  # the home shard counted the budget
+    finally:
+        for p in learners:
+            if p.poll() is None:
+                p.kill()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    books = json.loads((tmp_path / "syncer_final.json").read_text())
+    assert books["lost_committed_rounds"] == 0 and books["shards"][1]["restarts"] >= 1
+    from safetensors.torch import load_file
+
+    final = load_file(str(tmp_path / "final.safetensors"))
+    assert set(final) == {n for f in plan.fragments for n in f.names}  # every shard's tensors
+
+
+@pytest.mark.parametrize("shards", ["0", "999"])
+def test_a_shard_count_outside_1_to_P_stops_with_one_line(tmp_path, shards):
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "atoll.cli",
+            "syncer",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--shards",
+            shards,
+        ],  # fmt: skip
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"shards={shards}" in lines[0] and "fragments" in lines[0], lines
+    assert not (tmp_path / "r").exists()  # nothing written
+
+
+def test_a_learner_with_the_shards_out_of_order_or_another_run_is_refused(tmp_path):
+    proc, addr = syncer_process(tmp_path, ["--shards", "2", *SETS], ENV, ROOT)
+    try:
+        a0, a1 = addr.split(",")
+        import torch
+
+        import atoll
+        from atoll.model.recipe import new_model
+
+        model = new_model(load_job([s for s in SETS if s != "--set"], None).sim)
+        with pytest.raises(ConnectionError) as e:
+            atoll.Learner(model, syncer=f"{a1},{a0}", run_id=RUN, secret=SECRET,
+                          comm="thread", connect_timeout_s=30)  # fmt: skip
+        assert "this syncer is shard" in str(e.value) and "shard order" in str(e.value)
+        with pytest.raises(ConnectionError) as e:
+            atoll.Learner(model, syncer=addr, run_id="another-run", secret=SECRET,
+                          comm="thread", connect_timeout_s=30)  # fmt: skip
+        assert "run" in str(e.value)
+        # a shard started on the other shard's directory stops before reading it
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "atoll.cli",
+                "syncer",
+                "--run-dir",
+                str(tmp_path / "shard-1"),
+                "--shard",
+                "0/2",
+                "--run-id",
+                RUN,
+                *SETS,
+            ],  # fmt: skip
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 2 and "holds shard 1/2" in res.stderr, res.stderr
+        st = status(addr, RUN, SECRET)  # the running set is undisturbed
+        assert st.epoch and torch is not None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
