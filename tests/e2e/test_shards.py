@@ -50,6 +50,11 @@ def _learner(addr: str, index: int, run_dir: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _syncer_cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "atoll.cli", "syncer", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+
+
 def _rounds(run_dir: Path, shard_of: list[int]) -> list[tuple[float, int]]:
     events = read_events(run_dir / "events.jsonl")
     return [
@@ -99,23 +104,7 @@ def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds
 
 @pytest.mark.parametrize("shards", ["0", "999"])
 def test_a_shard_count_outside_1_to_P_stops_with_one_line(tmp_path, shards):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "atoll.cli",
-            "syncer",
-            "--run-dir",
-            str(tmp_path / "r"),
-            "--shards",
-            shards,
-        ],  # fmt: skip
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = _syncer_cli("--run-dir", str(tmp_path / "r"), "--shards", shards)
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"shards={shards}" in lines[0] and "fragments" in lines[0], lines
@@ -141,25 +130,8 @@ def test_a_learner_with_the_shards_out_of_order_or_another_run_is_refused(tmp_pa
                           comm="thread", connect_timeout_s=30)  # fmt: skip
         assert "run" in str(e.value)
         # a shard started on the other shard's directory stops before reading it
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "atoll.cli",
-                "syncer",
-                "--run-dir",
-                str(tmp_path / "shard-1"),
-                "--shard",
-                "0/2",
-                "--run-id",
-                RUN,
-                *SETS,
-            ],  # fmt: skip
-            cwd=ROOT,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=120,
+        res = _syncer_cli(
+            "--run-dir", str(tmp_path / "shard-1"), "--shard", "0/2", "--run-id", RUN, *SETS
         )
         assert res.returncode == 2 and "holds shard 1/2" in res.stderr, res.stderr
         st = status(addr, RUN, SECRET)  # the running set is undisturbed
