@@ -4,7 +4,8 @@
 # deploy/slurm/island.sbatch and deploy/k8s/island-job.yaml run this script on every node of an
 # island, and so does the namespace test (tests/e2e/test_multihost.py); see docs/deploy.md.
 #
-#   ATOLL_SYNCER       the syncer's address, host:port (required)
+#   ATOLL_SYNCER       the syncer's address, host:port (required; a sharded syncer: every
+#                      shard's, in shard order, comma-separated)
 #   ATOLL_ISLAND       this island's index in [0, learners): its data shard, its id L<index>
 #                      (required)
 #   ATOLL_TLS_CA       the PEM certificate that signed the syncer's (TLS)

@@ -9,6 +9,8 @@
 #   ATOLL_TLS_CERT, ATOLL_TLS_KEY   the syncer's PEM certificate and key (TLS; both or neither)
 #   ATOLL_INIT         a custom model's initial parameters (safetensors, from atoll.save_init)
 #   ATOLL_NO_BUDGET    1: run until stopped, with no token budget
+#   ATOLL_SHARD        i/S: this process is shard i of a syncer split into S (one per host,
+#                      each with its own ATOLL_RUN_DIR); learners take every shard's address
 # and the run's settings (deploy/lib.sh): ATOLL_RUN_ID, ATOLL_SECRET_FILE or ATOLL_SECRET,
 # ATOLL_CONFIG, ATOLL_SET, ATOLL, ATOLL_DRY_RUN.
 set -euo pipefail
@@ -30,6 +32,11 @@ if [[ -n "${ATOLL_INIT:-}" ]]; then
 fi
 if [[ "${ATOLL_NO_BUDGET:-0}" == 1 ]]; then
   args+=(--no-budget)
+fi
+if [[ -n "${ATOLL_SHARD:-}" ]]; then
+  [[ "$ATOLL_SHARD" =~ ^[0-9]+/[1-9][0-9]*$ ]] ||
+    die "ATOLL_SHARD='$ATOLL_SHARD' is not allowed: i/S, this shard's index and the shard count (e.g. 0/2)"
+  args+=(--shard "$ATOLL_SHARD")
 fi
 # after ATOLL_SET: where the syncer listens is this script's to say
 args+=(--set "host=${ATOLL_HOST:-0.0.0.0}" --set "port=$port")
