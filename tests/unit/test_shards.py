@@ -183,3 +183,27 @@ def test_each_shard_is_started_with_its_own_flags():
         "--no-budget",
     ]
     assert _strip(argv) == ["syncer", "--set", "x=1", "--no-budget"]
+
+
+def test_a_shard_refuses_to_restore_another_shards_tape_or_snapshot(tmp_path):
+    from atoll.live.syncer.store import Tape, commit_record, restore, write_snapshot
+    from atoll.live.syncer.store_read import StoreError
+
+    plan = _plan()
+    params, init = _init(plan)
+    s1 = _shard(plan, init, ShardSpec(1, 2))
+    s1.on_join(0.0, "L0")
+    p = sorted(s1.owned)[0]
+    tape = Tape(tmp_path / "tape")
+    tape.open_segment(0)
+    tape.append(commit_record(s1, tape.next_seq, p, {}))
+    tape.close()
+    write_snapshot(tmp_path / "snap.safetensors", s1.state_dict(), 1, {})
+    s0 = _shard(plan, init, ShardSpec(0, 2))
+    cases = ((tmp_path / "none", Tape(tmp_path / "tape")), (tmp_path / "snap.safetensors", None))
+    for snap, t in cases:
+        t = t or Tape(tmp_path / "empty")
+        with pytest.raises(StoreError) as e:
+            restore(s0, snap, t)
+        assert "another shard" in str(e.value), e.value
+    assert s0.version == [0] * plan.P  # nothing was loaded

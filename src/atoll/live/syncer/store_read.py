@@ -176,7 +176,9 @@ def _fragment(
     named.update({f"hist.{v}": t for v, t in st["history"].items()})
     for k, t in named.items():
         if isinstance(t, torch.Tensor) and tuple(t.shape) != (numel,):
-            whose = "the plan" if numel else "none (another shard serves it)"
+            whose = ("none: another shard serves it" if not numel else
+                     "the plan's: this state holds none of it (another shard's state?)"
+                     if t.numel() == 0 else "the plan's")  # fmt: skip
             raise StoreError(
                 f"{where}: fragment {p} {k} has shape {tuple(t.shape)}, expected ({numel},): "
                 f"{whose}"
