@@ -58,6 +58,8 @@ class ShardedComm:
             for i, a in enumerate(addresses)
         ]
         self.id = opts.learner_id
+        for comm in self.comms[1:]:  # one upload limit for the learner's link, not one each
+            comm.up.bucket = self.comms[0].up.bucket
 
     # -- up -----------------------------------------------------------------------------------
     def _sink_of(self, shard: int) -> Callable[[FromComm], None]:

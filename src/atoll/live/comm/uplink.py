@@ -11,6 +11,7 @@ optional token bucket.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,25 +31,28 @@ from atoll.wire.chunks import split
 
 
 class TokenBucket:
-    """Limits a sender to `rate_bps` bits per second with a burst of `burst` bytes."""
+    """Limits a sender to `rate_bps` bits per second with a burst of `burst` bytes; senders
+    in several threads may share one (a sharded syncer's connections share the link)."""
 
     def __init__(self, rate_bps: float, burst: int = 64 * 1024) -> None:
         self.rate = rate_bps / 8.0  # bytes per second
         self.burst = float(burst)
         self.tokens = float(burst)
         self.t = time.monotonic()
+        self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> float:
         """Wait until `nbytes` may go; returns the seconds waited."""
         if self.rate <= 0:
             return 0.0
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
-        self.t = now
-        self.tokens -= nbytes
-        if self.tokens >= 0:
-            return 0.0
-        wait = -self.tokens / self.rate
+        with self._lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+            self.t = now
+            self.tokens -= nbytes
+            if self.tokens >= 0:
+                return 0.0
+            wait = -self.tokens / self.rate
         time.sleep(wait)
         return wait
 
