@@ -1,13 +1,18 @@
 """Load: one real syncer, many lightweight learner clients on loopback, some misbehaving.
 
 Starts `atoll syncer` as a subprocess (the built-in model at --d-model/--n-layer, P=H=24, int4
-up, fp32 down, pull schedule, K=1 + grace, no token budget) and --clients well-behaved clients
-in --procs worker processes (benchmarks/load_clients.py). After --bad-after-s (default: a
-third of the run) --bad misbehaving clients join on top, cycling slow reader, vanisher and
-reconnect storm: slow readers and storms in one process, vanishers in one that is SIGKILLed
-every --kill-every-s and started again 1 s later (new incarnations). With 2+ CPUs the syncer
-is pinned to the first and every client process to the others (--no-pin: not).
-/proc/<syncer pid> is sampled every 0.2 s (RSS, CPU seconds, threads).
+up, fp32 down, pull schedule, K=1 + grace, no token budget, max_learners raised to the clients
+when over the default 100) and --clients well-behaved clients in --procs worker processes
+(benchmarks/load_clients.py). After --bad-after-s (default: a third of the run) --bad
+misbehaving clients join on top, cycling slow reader, vanisher and reconnect storm: slow
+readers and storms in one process, vanishers in one that is SIGKILLed every --kill-every-s and
+started again 1 s later (new incarnations). With --shards S > 1 it is `atoll syncer --shards
+S` (a supervisor and S shard processes) and every client joins every shard (load_clients.py).
+With 2+ CPUs the syncer is pinned to the first min(S, CPUs - 1) CPUs (the shards share them:
+on 2 cores, one) and every client process to the others (--no-pin: not). /proc/<pid> of the
+syncer (of each shard) is sampled every 0.2 s (RSS, CPU seconds, threads); memory and CPU
+below are their sums, and per shard the rounds, latency and learners per round of the
+fragments it serves, the good clients' errors on it, its RSS and CPU.
 
 Definitions (window: after --warmup-s; phases: good only, then with the misbehaving clients):
   rounds/s       round_closed events / the phase's length. The pull clock ticks once per
@@ -153,8 +158,9 @@ class Tail:
 
 
 def syncer_sets(args: argparse.Namespace) -> list[str]:
-    n = args.clients + args.bad
-    return [f"learners={n}", f"d_model={args.d_model}", f"n_layer={args.n_layer}", *args.sets]
+    n = args.clients + args.bad  # every client joins every shard: each takes all n sessions
+    sets = [f"learners={n}", f"d_model={args.d_model}", f"n_layer={args.n_layer}"]
+    return [*sets, f"max_learners={max(100, n)}", *args.sets]
 
 
 def fragment_numels(args: argparse.Namespace) -> list[int]:
