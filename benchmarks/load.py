@@ -35,6 +35,9 @@ Definitions (window: after --warmup-s; phases: good only, then with the misbehav
                  growth, add --syncer-env MALLOC_MMAP_THRESHOLD_=131072.
 
     nice -n 15 .venv/bin/python benchmarks/load.py --clients 64 --bad 8 --seconds 60
+    nice -n 15 .venv/bin/python benchmarks/load.py --clients 128 --bad 8 --shards 2 \
+        --out benchmarks/results/load_shards2_128.json \
+        --plot benchmarks/results/load_shards2_128.png
 
 Writes benchmarks/results/load.json and load.png (--out, --plot).
 """
