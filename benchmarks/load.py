@@ -1,13 +1,18 @@
 """Load: one real syncer, many lightweight learner clients on loopback, some misbehaving.
 
 Starts `atoll syncer` as a subprocess (the built-in model at --d-model/--n-layer, P=H=24, int4
-up, fp32 down, pull schedule, K=1 + grace, no token budget) and --clients well-behaved clients
-in --procs worker processes (benchmarks/load_clients.py). After --bad-after-s (default: a
-third of the run) --bad misbehaving clients join on top, cycling slow reader, vanisher and
-reconnect storm: slow readers and storms in one process, vanishers in one that is SIGKILLed
-every --kill-every-s and started again 1 s later (new incarnations). With 2+ CPUs the syncer
-is pinned to the first and every client process to the others (--no-pin: not).
-/proc/<syncer pid> is sampled every 0.2 s (RSS, CPU seconds, threads).
+up, fp32 down, pull schedule, K=1 + grace, no token budget, max_learners raised to the clients
+when over the default 100) and --clients well-behaved clients in --procs worker processes
+(benchmarks/load_clients.py). After --bad-after-s (default: a third of the run) --bad
+misbehaving clients join on top, cycling slow reader, vanisher and reconnect storm: slow
+readers and storms in one process, vanishers in one that is SIGKILLed every --kill-every-s and
+started again 1 s later (new incarnations). With --shards S > 1 it is `atoll syncer --shards
+S` (a supervisor and S shard processes) and every client joins every shard (load_clients.py).
+With 2+ CPUs the syncer is pinned to the first min(S, CPUs - 1) CPUs (the shards share them:
+on 2 cores, one) and every client process to the others (--no-pin: not). /proc/<pid> of the
+syncer (of each shard) is sampled every 0.2 s (RSS, CPU seconds, threads); memory and CPU
+below are their sums, and per shard the rounds, latency and learners per round of the
+fragments it serves, the good clients' errors on it, its RSS and CPU.
 
 Definitions (window: after --warmup-s; phases: good only, then with the misbehaving clients):
   rounds/s       round_closed events / the phase's length. The pull clock ticks once per
@@ -30,6 +35,9 @@ Definitions (window: after --warmup-s; phases: good only, then with the misbehav
                  growth, add --syncer-env MALLOC_MMAP_THRESHOLD_=131072.
 
     nice -n 15 .venv/bin/python benchmarks/load.py --clients 64 --bad 8 --seconds 60
+    nice -n 15 .venv/bin/python benchmarks/load.py --clients 128 --bad 8 --shards 2 \
+        --out benchmarks/results/load_shards2_128.json \
+        --plot benchmarks/results/load_shards2_128.png
 
 Writes benchmarks/results/load.json and load.png (--out, --plot).
 """
@@ -63,6 +71,7 @@ def parse_args() -> argparse.Namespace:
     add("--seconds", type=float, default=60.0, help="how long the good clients run")
     add("--bad-after-s", type=float, default=None, help="misbehaving clients start (s/3)")
     add("--warmup-s", type=float, default=5.0, help="left out of rates and latency")
+    add("--shards", type=int, default=1, help="syncer shards (atoll syncer --shards S)")
     add("--procs", type=int, default=8, help="worker processes for the good clients")
     add("--step-s", type=float, default=0.25, help="clients' step time: the pull clock")
     add("--d-model", type=int, default=128, help="built-in model width")
@@ -86,27 +95,53 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-class Sampler(threading.Thread):
-    """(time, RSS MB, CPU seconds, threads) of one process, every 0.2 s."""
+def shard_pids(pid: int, count: int) -> list[int]:
+    """The shard processes under supervisor `pid`, in shard order: its children
+    (/proc/PID/task/*/children; psutil is not installed) by their `--shard i/S`."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            argv = Path(f"/proc/{kid}/cmdline").read_text().split("\0")
+            if "--shard" in argv:
+                found[int(argv[argv.index("--shard") + 1].split("/")[0])] = kid
+    return [found[i] for i in range(count) if i in found]
 
-    def __init__(self, pid: int) -> None:
+
+class Sampler(threading.Thread):
+    """(time, RSS MB, CPU seconds, threads) of each syncer process (the shards), every 0.2 s:
+    `per[i]` for pid i, `rows` their sums at each sample where every one was read."""
+
+    def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
-        self.pid, self.rows, self.done = pid, [], threading.Event()
+        self.pids, self.rows, self.done = pids, [], threading.Event()
+        self.per: list[list[tuple]] = [[] for _ in pids]
         self.hz = os.sysconf("SC_CLK_TCK")
+
+    def read(self, pid: int) -> tuple | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return None
+        f = stat[stat.rindex(")") + 2 :].split()
+        kv = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if "VmRSS" not in kv:  # absent once the process is a zombie
+            return None
+        cpu = (int(f[11]) + int(f[12])) / self.hz  # utime + stime
+        return int(kv["VmRSS"].split()[0]) / 1024, cpu, int(kv["Threads"])
 
     def run(self) -> None:
         while not self.done.wait(0.2):
-            try:
-                stat = Path(f"/proc/{self.pid}/stat").read_text()
-                status = Path(f"/proc/{self.pid}/status").read_text()
-            except OSError:
-                continue
-            f = stat[stat.rindex(")") + 2 :].split()
-            kv = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            if "VmRSS" in kv:  # absent once the process is a zombie
-                cpu = (int(f[11]) + int(f[12])) / self.hz  # utime + stime
-                rss = int(kv["VmRSS"].split()[0]) / 1024
-                self.rows.append((time.time(), rss, cpu, int(kv["Threads"])))
+            now, got = time.time(), [self.read(p) for p in self.pids]
+            for rows, g in zip(self.per, got, strict=True):
+                if g is not None:
+                    rows.append((now, *g))
+            if all(g is not None for g in got):
+                self.rows.append((now, *(sum(g[i] for g in got) for i in range(3))))
 
 
 class Tail:
@@ -126,8 +161,9 @@ class Tail:
 
 
 def syncer_sets(args: argparse.Namespace) -> list[str]:
-    n = args.clients + args.bad
-    return [f"learners={n}", f"d_model={args.d_model}", f"n_layer={args.n_layer}", *args.sets]
+    n = args.clients + args.bad  # every client joins every shard: each takes all n sessions
+    sets = [f"learners={n}", f"d_model={args.d_model}", f"n_layer={args.n_layer}"]
+    return [*sets, f"max_learners={max(100, n)}", *args.sets]
 
 
 def fragment_numels(args: argparse.Namespace) -> list[int]:
@@ -139,9 +175,12 @@ def fragment_numels(args: argparse.Namespace) -> list[int]:
 
 
 def start_syncer(args: argparse.Namespace, run_dir: Path, env: dict, cpus: list[int]):
+    """`atoll syncer` (with --shards S > 1: the supervisor of S shard processes, which inherit
+    its CPU affinity); its process, address(es) and the pids of the processes that serve."""
     from atoll.live.client import syncer_address
 
     cmd = [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir)]
+    cmd += ["--shards", str(args.shards)] if args.shards > 1 else []
     cmd += ["--run-id", "load", "--no-budget"] + [
         x for s in syncer_sets(args) for x in ("--set", s)
     ]
@@ -153,7 +192,11 @@ def start_syncer(args: argparse.Namespace, run_dir: Path, env: dict, cpus: list[
     if addr is None:
         proc.kill()
         raise SystemExit(f"the syncer did not start: see {run_dir / 'syncer.log'}")
-    return proc, addr
+    pids = shard_pids(proc.pid, args.shards) if args.shards > 1 else [proc.pid]
+    if len(pids) != args.shards:
+        proc.kill()
+        raise SystemExit(f"{len(pids)} shard processes under {proc.pid}, not {args.shards}")
+    return proc, addr, pids
 
 
 def spawn(cfg: dict, env: dict) -> subprocess.Popen:
@@ -200,17 +243,21 @@ def run(args: argparse.Namespace, children: list) -> int:
     env = {**os.environ, "ATOLL_SECRET": secrets.token_hex(16)}
     cpus = sorted(os.sched_getaffinity(0))
     pin = not args.no_pin and len(cpus) >= 2
+    from atoll.core.shards import assign
+
     numels = fragment_numels(args)
+    shard_of = assign(numels, args.shards)
     senv = {**env, **dict(x.split("=", 1) for x in args.syncer_env)}
-    proc, addr = start_syncer(args, run_dir, senv, cpus[:1] if pin else [])
+    n_sync = max(1, min(args.shards, len(cpus) - 1))  # the shards' CPUs; at least one for clients
+    proc, addr, pids = start_syncer(args, run_dir, senv, cpus[:n_sync] if pin else [])
     children.append(proc)
-    sampler = Sampler(proc.pid)
+    sampler = Sampler(pids)
     sampler.start()
-    print(f"syncer pid {proc.pid} at {addr}, run dir {run_dir}", flush=True)
+    print(f"syncer pid {proc.pid} (shards {pids}) at {addr}, run dir {run_dir}", flush=True)
     base = {
         "address": addr, "run_id": "load", "step_s": args.step_s, "vanish_s": args.vanish_s,
         "slow_read_s": args.slow_read_s, "storm_pause_s": args.storm_pause_s,
-        "cpus": cpus[1:] if pin else [], "start_file": str(run_dir / "start.json"),
+        "cpus": cpus[n_sync:] if pin else [], "start_file": str(run_dir / "start.json"),
     }  # fmt: skip
     good = [(f"G{i:02d}", "good") for i in range(args.clients)]
     kinds = [args.kinds[i % len(args.kinds)] for i in range(args.bad)]
@@ -223,7 +270,9 @@ def run(args: argparse.Namespace, children: list) -> int:
         cfgs += [{**base, "clients": g, "seed": i, "late": late, "results": out}] if g else []
     procs = [spawn(c, env) for c in cfgs]
     children += procs
-    where = f"syncer on CPU {cpus[0]}, clients on {cpus[1:]}" if pin else "no CPU pinning"
+    where = f"syncer on CPUs {cpus[:n_sync]}, clients on {cpus[n_sync:]}" if pin else "unpinned"
+    if pin and args.shards > n_sync:
+        where += f" ({args.shards} shard processes share {n_sync} CPU(s): {len(cpus)} in all)"
     print(f"{args.clients} good + {len(bad)} bad clients, {len(procs)} processes, {where}")
     while not all(Path(c["results"] + ".ready").exists() for c in cfgs):
         if any(p.poll() is not None for p in procs):
@@ -278,8 +327,11 @@ def run(args: argparse.Namespace, children: list) -> int:
     if len(done) < len(cfgs):
         print(f"{len(cfgs) - len(done)} worker(s) wrote no results: see {run_dir}/w*.log")
     results = [json.loads(p.read_text()) for p in done]
-    rep = analyze(args, tail.events, results, sampler.rows, numels, t0, t_bad, t_end, kills)
+    rows = (sampler.rows, sampler.per)
+    rep = analyze(args, tail.events, results, rows, numels, shard_of, (t0, t_bad, t_end), kills)
     rep["syncer"].update(stop_s=round(time.time() - t_stop, 2), rc=proc.returncode, pinned=pin)
+    rep["syncer"]["cpus"] = cpus[:n_sync] if pin else "unpinned"
+    rep["syncer"]["shard_pids"] = pids
     ncpu = len(cpus) - 1 if pin else len(cpus)
     rep["clients_cpu"] = {
         "cpu_s": round(client_cpu, 1),

@@ -15,6 +15,11 @@ its counters to a JSON file. Kinds:
   storm   Join on a new connection with a new incarnation, read the welcome and a message or
           two, cancel, close, and again after storm_pause_s, until the deadline.
 
+With a sharded syncer (the address: the shards' addresses, comma-joined, in shard order) every
+client holds one connection set per shard: a Join stream (hello.shard/shards set), a Pulls
+stream and a heartbeat loop each, and pushes each fragment to the shard that serves it (the
+Welcomes' `served`); a storm joins every shard in turn.
+
 Errors of good clients are every RPC error, every refused push, a Join or Pulls stream that
 ends, and a heartbeat the syncer answers with known=False (pushes stop at the deadline, calls
 are cancelled 1 s later; errors are counted until then).
@@ -54,15 +59,16 @@ class Worker:
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
-        self.addr = cfg["address"]
+        self.addrs = cfg["address"].split(",")  # a sharded syncer: one address per shard
         self.md = call_metadata(cfg["run_id"], os.environ["ATOLL_SECRET"])
         self.stop = threading.Event()
         self.quiet = threading.Event()  # the deadline: no more pushes (the streams stay open)
         self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        self.shard_errors: Counter[str] = Counter()  # "kind.shard" -> errors
         self.samples: dict[str, list[float]] = {"push_ms": [], "beat_ms": [], "answer_ms": []}
-        self.pulls: dict[int, tuple[int, float]] = {}  # tick -> (fragment, syncer send time)
+        self.pulls: dict[str, tuple[int, float]] = {}  # "shard:tick" -> (fragment, send time)
         self.payloads: dict[int, bytes] = {}
         self.rng = torch.Generator().manual_seed(int(cfg["seed"]))
 
@@ -70,11 +76,18 @@ class Worker:
         with self.lock:
             self.counts[f"{kind}.{what}"] += n
 
-    def error(self, kind: str, what: str) -> None:
+    def error(self, kind: str, what: str, shard: int) -> None:
         if self.stop.is_set():
             return  # the end of the run cancels every call: not an error
         with self.lock:
             self.errors[f"{kind}.{what}"] += 1
+            self.shard_errors[f"{kind}.{shard}"] += 1
+
+    def hello(self, lid: str, inc: str, shard: int) -> pb.Hello:
+        """A fresh learner's Join hello to shard `shard` of the set (0 of 1: unsharded)."""
+        h = convert.hello(lid, inc, None)
+        h.shard, h.shards = shard, len(self.addrs)
+        return h
 
     def sample(self, name: str, value: float) -> None:
         with self.lock:
@@ -95,63 +108,50 @@ def code_of(exc: grpc.RpcError) -> str:
     return code.name if code is not None else type(exc).__name__
 
 
-class Client:
-    def __init__(self, w: Worker, lid: str, kind: str) -> None:
-        self.w, self.id, self.kind = w, lid, kind
-        self.inc = uuid.uuid4().hex[:12]
-        self.bulk = open_channel(w.addr, f"bulk-{lid}-{self.inc}")
-        self.ctl = open_channel(w.addr, f"ctl-{lid}-{self.inc}")
+class Link:
+    """A client's connections to one shard: its own channels, Join stream (hello.shard and
+    hello.shards set), Pulls stream and heartbeat loop."""
+
+    def __init__(self, c: Client, shard: int) -> None:
+        w = c.w
+        self.c, self.w, self.shard, self.kind = c, w, shard, c.kind
+        addr = w.addrs[shard]
+        self.bulk = open_channel(addr, f"bulk-{c.id}-{c.inc}-{shard}")
+        self.ctl = open_channel(addr, f"ctl-{c.id}-{c.inc}-{shard}")
         self.bstub, self.cstub = pbg.SyncerStub(self.bulk), pbg.SyncerStub(self.ctl)
-        self.step_s = float(w.cfg["step_s"]) * random.uniform(0.95, 1.05)
-        self.versions: dict[int, int] = {}
         self.welcomed = threading.Event()
-        self.cv = threading.Condition()
-        self.due: dict[int, tuple[int, float, float]] = {}  # fragment -> (tick, at, received)
-        self.steps, self.seq, self.chunk = 0, 0, 256 * 1024
-        self.sent_steps: dict[int, int] = {}
-        self.calls: list = []
-        self.next_vanish = time.time() + random.uniform(0.5, 1.5) * w.cfg["vanish_s"]
 
-    def threads(self) -> list[threading.Thread]:
-        fns = (self.join_loop, self.pulls_loop, self.beat_loop, self.step_loop)
-        return [
-            threading.Thread(target=f, daemon=True, name=f"{self.id}-{f.__name__}") for f in fns
-        ]
-
-    def close(self) -> None:
-        for c in list(self.calls):
-            c.cancel()
-        with self.cv:
-            self.cv.notify_all()
-        self.bulk.close()
-        self.ctl.close()
+    def error(self, what: str) -> None:
+        self.w.error(self.kind, what, self.shard)
 
     # -- the Join stream ----------------------------------------------------------------------
     def join_loop(self) -> None:
-        w = self.w
+        w, c = self.w, self.c
         while not w.stop.is_set():
-            call = self.bstub.Join(convert.hello(self.id, self.inc, None), metadata=w.md)
-            self.calls.append(call)
+            call = self.bstub.Join(w.hello(c.id, c.inc, self.shard), metadata=w.md)
+            c.calls.append(call)
             try:
                 self.read_join(call)
-                w.error(self.kind, "join_ended")
+                self.error("join_ended")
             except grpc.RpcError as exc:
-                w.error(self.kind, f"join_{code_of(exc)}")
-            self.calls.remove(call)
+                self.error(f"join_{code_of(exc)}")
+            c.calls.remove(call)
             w.count(self.kind, "rejoins")
             w.stop.wait(0.2)
 
     def read_join(self, call) -> None:
-        healing, slow = 0, self.kind == "slow"
+        healing, slow, c = 0, self.kind == "slow", self.c
         for msg in call:
             which = msg.WhichOneof("body")
             if which == "welcome":
-                self.chunk = msg.welcome.chunk_bytes or self.chunk
+                c.chunk = msg.welcome.chunk_bytes or c.chunk
                 self.w.prepare(msg.welcome)
-                healing = len(msg.welcome.fragments) if msg.welcome.heal else 0
+                with c.cv:
+                    c.route.update((p, self.shard) for p in msg.welcome.served)
+                healing = len(msg.welcome.served) if msg.welcome.heal else 0
                 self.w.count(self.kind, "joins")
             elif which == "update":
-                self.versions[msg.update.fragment] = msg.update.version
+                c.versions[msg.update.fragment] = msg.update.version
                 self.w.count(self.kind, "updates")
                 if healing and msg.update.heal:
                     healing -= 1
@@ -164,53 +164,92 @@ class Client:
 
     # -- control: Pulls, heartbeats -----------------------------------------------------------
     def pulls_loop(self) -> None:
-        w = self.w
+        w, c = self.w, self.c
         while not w.stop.is_set():
             if not self.welcomed.wait(0.2):
                 continue
-            call = self.cstub.Pulls(convert.control_hello(self.id, self.inc), metadata=w.md)
-            self.calls.append(call)
+            call = self.cstub.Pulls(convert.control_hello(c.id, c.inc), metadata=w.md)
+            c.calls.append(call)
             try:
                 for msg in call:
                     now = time.time()
                     for p in msg.pulls:
-                        with self.cv:
-                            self.due[p.fragment] = (p.tick, p.at, now)
-                        if self.kind == "good":
+                        with c.cv:
+                            c.due[p.fragment] = (p.tick, p.at, now)
+                        if self.kind == "good":  # each shard has its own tick clock
                             with w.lock:
-                                w.pulls[p.tick] = (p.fragment, p.at)
-                w.error(self.kind, "pulls_ended")
+                                w.pulls[f"{self.shard}:{p.tick}"] = (p.fragment, p.at)
+                self.error("pulls_ended")
             except grpc.RpcError as exc:
-                w.error(self.kind, f"pulls_{code_of(exc)}")
-            self.calls.remove(call)
+                self.error(f"pulls_{code_of(exc)}")
+            c.calls.remove(call)
             w.stop.wait(0.2)
 
     def beat_loop(self) -> None:
-        w = self.w
+        w, c = self.w, self.c
         while not w.stop.wait(0.5):
             if not self.welcomed.is_set():
                 continue
-            n = self.steps
+            n = c.steps
             beat = pb.Beat(
-                learner=self.id, incarnation=self.inc, step=n, tokens=n * TOKENS_PER_STEP,
-                step_time=self.step_s, work_s=n * self.step_s,
+                learner=c.id, incarnation=c.inc, step=n, tokens=n * TOKENS_PER_STEP,
+                step_time=c.step_s, work_s=n * c.step_s,
             )  # fmt: skip
             t = time.perf_counter()
             try:
                 reply = self.cstub.Heartbeat(beat, metadata=w.md, timeout=5.0)
             except grpc.RpcError as exc:
-                w.error(self.kind, f"beat_{code_of(exc)}")
+                self.error(f"beat_{code_of(exc)}")
                 continue
             if self.kind == "good":
                 w.sample("beat_ms", (time.perf_counter() - t) * 1e3)
             if not reply.known:
-                w.error(self.kind, "beat_unknown")
+                self.error("beat_unknown")
+
+
+class Client:
+    """One learner: a Link per shard, and one step loop that answers every shard's pulls,
+    each fragment to the shard that serves it (the Welcomes' `served`)."""
+
+    def __init__(self, w: Worker, lid: str, kind: str) -> None:
+        self.w, self.id, self.kind = w, lid, kind
+        self.inc = uuid.uuid4().hex[:12]
+        self.step_s = float(w.cfg["step_s"]) * random.uniform(0.95, 1.05)
+        self.versions: dict[int, int] = {}
+        self.route: dict[int, int] = {}  # fragment -> shard
+        self.cv = threading.Condition()
+        self.due: dict[int, tuple[int, float, float]] = {}  # fragment -> (tick, at, received)
+        self.steps, self.seq, self.chunk = 0, 0, 256 * 1024
+        self.sent_steps: dict[int, int] = {}
+        self.calls: list = []
+        self.next_vanish = time.time() + random.uniform(0.5, 1.5) * w.cfg["vanish_s"]
+        self.links = [Link(self, s) for s in range(len(w.addrs))]
+
+    def threads(self) -> list[threading.Thread]:
+        fns = [f for k in self.links for f in (k.join_loop, k.pulls_loop, k.beat_loop)]
+        return [
+            threading.Thread(target=f, daemon=True, name=f"{self.id}-{f.__name__}")
+            for f in [*fns, self.step_loop]
+        ]
+
+    def close(self) -> None:
+        for c in list(self.calls):
+            c.cancel()
+        with self.cv:
+            self.cv.notify_all()
+        for k in self.links:
+            k.bulk.close()
+            k.ctl.close()
+
+    def welcomed(self) -> bool:
+        return all(k.welcomed.is_set() for k in self.links)
 
     # -- steps and pushes ---------------------------------------------------------------------
     def step_loop(self) -> None:
         w = self.w
         while not w.stop.is_set():
-            if not self.welcomed.wait(0.2):
+            if not self.welcomed():
+                w.stop.wait(0.05)
                 continue
             if w.stop.wait(self.step_s * random.uniform(0.9, 1.1)) or w.quiet.is_set():
                 return
@@ -232,30 +271,31 @@ class Client:
 
     def push(self, frag: int, received: float) -> None:
         w = self.w
+        link = self.links[self.route[frag]]
         c = self.contribution(frag)
         h = convert.contribution_header(c, self.inc)
         if self.kind == "vanish" and time.time() >= self.next_vanish:
             self.next_vanish = time.time() + random.uniform(0.5, 1.5) * w.cfg["vanish_s"]
-            return self.vanish(h, c.payload)
+            return self.vanish(link, h, c.payload)
         t = time.perf_counter()
         try:
             if len(c.payload) <= self.chunk:
                 single = pb.Single(header=h, payload=c.payload)
-                reply = self.bstub.PushOne(single, metadata=w.md, timeout=30.0)
+                reply = link.bstub.PushOne(single, metadata=w.md, timeout=30.0)
             else:
                 frames = [pb.Up(header=h)] + [pb.Up(chunk=x) for x in split(c.payload, self.chunk)]
-                reply = self.bstub.Push(iter(frames), metadata=w.md, timeout=30.0)
+                reply = link.bstub.Push(iter(frames), metadata=w.md, timeout=30.0)
         except grpc.RpcError as exc:
-            return w.error(self.kind, f"push_{code_of(exc)}")
+            return link.error(f"push_{code_of(exc)}")
         if self.kind == "good":
             w.sample("push_ms", (time.perf_counter() - t) * 1e3)
             w.sample("answer_ms", (time.time() - received) * 1e3)
         if reply.accepted:
             w.count(self.kind, "accepted")
         else:
-            w.error(self.kind, f"refused_{reply.code or 'unknown'}")
+            link.error(f"refused_{reply.code or 'unknown'}")
 
-    def vanish(self, h: pb.ContributionHeader, payload: bytes) -> None:
+    def vanish(self, link: Link, h: pb.ContributionHeader, payload: bytes) -> None:
         """A Push stream cut after the header and half of its chunks."""
         parts = list(split(payload, max(len(payload) // 4, 1)))
         gate = threading.Event()
@@ -268,7 +308,7 @@ class Client:
                     return
                 yield pb.Up(chunk=part)
 
-        fut = self.bstub.Push.future(frames(), metadata=self.w.md, timeout=30.0)
+        fut = link.bstub.Push.future(frames(), metadata=self.w.md, timeout=30.0)
         time.sleep(0.05)
         fut.cancel()
         gate.set()
@@ -276,21 +316,23 @@ class Client:
 
 
 def storm(w: Worker, lid: str) -> None:
-    """Join, read a little, cancel, on a new connection and incarnation, again and again."""
+    """Join every shard, read a little, cancel, on new connections and a new incarnation,
+    again and again."""
     while not w.stop.is_set():
         inc = uuid.uuid4().hex[:12]
-        ch = open_channel(w.addr, f"storm-{lid}-{inc}")
-        call = pbg.SyncerStub(ch).Join(convert.hello(lid, inc, None), metadata=w.md)
-        reads = random.randint(1, 3)  # the welcome, and maybe a fragment or two of the heal
-        try:
-            for i, _msg in enumerate(call):
-                if i + 1 >= reads:
-                    break
-            w.count("storm", "joins")
-        except grpc.RpcError as exc:
-            w.error("storm", f"join_{code_of(exc)}")
-        call.cancel()
-        ch.close()
+        for shard, addr in enumerate(w.addrs):
+            ch = open_channel(addr, f"storm-{lid}-{inc}-{shard}")
+            call = pbg.SyncerStub(ch).Join(w.hello(lid, inc, shard), metadata=w.md)
+            reads = random.randint(1, 3)  # the welcome, and maybe a fragment or two of the heal
+            try:
+                for i, _msg in enumerate(call):
+                    if i + 1 >= reads:
+                        break
+                w.count("storm", "joins")
+            except grpc.RpcError as exc:
+                w.error("storm", f"join_{code_of(exc)}", shard)
+            call.cancel()
+            ch.close()
         w.stop.wait(float(w.cfg["storm_pause_s"]))
 
 
@@ -330,8 +372,9 @@ def main(path: str) -> int:
         out = {
             "counts": dict(w.counts),
             "errors": dict(w.errors),
+            "shard_errors": dict(w.shard_errors),
             "samples": w.samples,
-            "pulls": {str(k): v for k, v in w.pulls.items()},
+            "pulls": w.pulls,
             "clients": cfg["clients"],
         }
     tmp = Path(cfg["results"] + ".tmp")

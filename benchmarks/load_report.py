@@ -37,9 +37,14 @@ def history_growth(events: list[dict], numels: list[int], keep: int = 64) -> lis
     return out
 
 
-def round_stats(events: list[dict], pulls: dict, samples: dict, a: float, b: float, n_good: int):
-    """Rounds, latency and the good clients' own timings between times a and b."""
+def round_stats(events, pulls, samples, a: float, b: float, n_good: int, numels, frags=None):
+    """Rounds, latency and the good clients' own timings (`samples`; None: left out) between
+    times a and b, of the fragments `frags` (None: all); values/s: the fragments' values
+    (`numels`) that closed rounds published per second (merged: times their participants)."""
     closed = [e for e in events if e["kind"] == "round_closed" and a <= e["t"] < b]
+    if frags is not None:
+        closed = [e for e in closed if e["data"]["fragment"] in frags]
+        pulls = {p: ats for p, ats in pulls.items() if p in frags}
     lat = []
     for e in closed:
         ats = pulls.get(e["data"]["fragment"], [])
@@ -50,35 +55,73 @@ def round_stats(events: list[dict], pulls: dict, samples: dict, a: float, b: flo
     parts = [e["data"]["participants"] for e in closed]
     goods = [sum(kind_of(x) == "good" for x in p) for p in parts]
     ticks = sum(a <= at < b for ats in pulls.values() for at in ats)
-    s = {k: [v for t, v in xs if a <= t < b] for k, xs in samples.items()}
-    return {
+    out = {
         "seconds": round(b - a, 1),
         "rounds": len(closed),
         "rounds_per_s": round(len(closed) / (b - a), 3),
+        "values_per_s": round(sum(numels[e["data"]["fragment"]] for e in closed) / (b - a)),
+        "merged_values_per_s": round(  # contributions' values merged: the merge work
+            sum(numels[e["data"]["fragment"]] * len(e["data"]["participants"]) for e in closed)
+            / (b - a)
+        ),
         "pull_ticks": ticks,
         "participants_mean": round(float(np.mean([len(p) for p in parts])), 2) if parts else None,
         "good_participants_mean": round(float(np.mean(goods)), 2) if goods else None,
         "rounds_with_every_good": sum(g == n_good for g in goods),
         "latency_ms": {"p50": pct(lat, 50), "p99": pct(lat, 99), "max": pct(lat, 100)},
         "first_send_to_close_ms": {"p50": pct(first, 50), "p99": pct(first, 99)},
-        "good_push_rpc_ms": {"p50": pct(s["push_ms"], 50), "p99": pct(s["push_ms"], 99)},
-        "good_pull_to_reply_ms": {"p50": pct(s["answer_ms"], 50), "p99": pct(s["answer_ms"], 99)},
-        "good_heartbeat_rpc_ms": {"p50": pct(s["beat_ms"], 50), "p99": pct(s["beat_ms"], 99)},
     }
+    names = {"push_ms": "push_rpc", "answer_ms": "pull_to_reply", "beat_ms": "heartbeat_rpc"}
+    for k, xs in (samples or {}).items():
+        x = [v for t, v in xs if a <= t < b]
+        out[f"good_{names[k]}_ms"] = {"p50": pct(x, 50), "p99": pct(x, 99)}
+    return out
 
 
-def analyze(args, events, results, rows, numels, t0, t_bad, t_end, kills):
+def shard_report(events, pulls, phases, per_rows, numels, shard_of, errors, n_good, t0, t_end):
+    """Per shard: its fragments' rounds, latency and learners per round in each phase, the
+    good clients' errors on it, and its process's RSS and CPU."""
+    out = []
+    for i, rows in enumerate(per_rows):
+        frags = {p for p, s in enumerate(shard_of) if s == i}
+        t, rss, cpu = (np.array([r[k] for r in rows]) for k in range(3))
+        win = (t >= phases["all"][0]) & (t <= t_end)
+        ph = {
+            k: round_stats(events, pulls, None, *ab, n_good, numels, frags)
+            for k, ab in phases.items()
+        }
+        used = float(cpu[win][-1] - cpu[win][0])
+        out.append(
+            {
+                "shard": i,
+                "fragments": len(frags),
+                "phases": ph,
+                "good_errors": errors[i],
+                "peak_rss_mb": round(float(rss[(t >= t0) & (t <= t_end)].max()), 1),
+                "cpu_s": round(used, 2),
+                "cpu_pct_mean": round(100 * used / (t_end - phases["all"][0]), 1),
+            }
+        )
+    return out
+
+
+def analyze(args, events, results, rows, numels, shard_of, times, kills):
+    """`rows`: the shards' summed samples and each shard's; `times`: start, bad start, end."""
+    (t0, t_bad, t_end), (rows, per_rows) = times, rows
     w0 = t0 + args.warmup_s
     pulls: dict[int, list[float]] = {}
     samples: dict[str, list] = {"push_ms": [], "beat_ms": [], "answer_ms": []}
     counts, errs = Counter(), {k: Counter() for k in ("good", *BAD_KINDS)}
-    ticks = {int(k): v for r in results for k, v in r["pulls"].items()}  # every client hears all
+    by_shard: Counter[str] = Counter()  # "kind.shard" -> the clients' errors
+    ticks = {k: v for r in results for k, v in r["pulls"].items()}  # every client hears all
     for frag, at in ticks.values():
         pulls.setdefault(frag, []).append(at)
     for r in results:
         counts.update(r["counts"])
         for k, n in r["errors"].items():
             errs[k.split(".")[0]][k.split(".", 1)[1]] += n
+        for k, n in r.get("shard_errors", {}).items():
+            by_shard[k] += n
         for k, v in r["samples"].items():
             samples[k] += v
     for v in pulls.values():
@@ -89,11 +132,22 @@ def analyze(args, events, results, rows, numels, t0, t_bad, t_end, kills):
             code = e["data"].get("code")
             what = e["kind"] + (f"_{code}" if code else "")
             side[kind_of(e["data"].get("learner", ""))][what] += 1
+            frag = e["data"].get("fragment")
+            if kind_of(e["data"].get("learner", "")) == "good" and e["kind"] != "joined":
+                if e["kind"] != "lost" and isinstance(frag, int) and 0 <= frag < len(shard_of):
+                    by_shard[f"syncer.{shard_of[frag]}"] += 1
     good_side = sum(n for k, n in side["good"].items() if k.startswith(("refused", "transfer")))
     phases = {"all": (w0, t_end), "good_only": (w0, t_bad), "with_bad": (t_bad, t_end)}
     if not args.bad or t_bad <= w0:
         phases = {"all": (w0, t_end)}
-    stats = {k: round_stats(events, pulls, samples, *ab, args.clients) for k, ab in phases.items()}
+    stats = {
+        k: round_stats(events, pulls, samples, *ab, args.clients, numels)
+        for k, ab in phases.items()
+    }
+    shard_errors = [by_shard[f"good.{i}"] + by_shard[f"syncer.{i}"] for i in range(args.shards)]
+    shards = shard_report(
+        events, pulls, phases, per_rows, numels, shard_of, shard_errors, args.clients, t0, t_end
+    )
     t, rss, cpu, thr = (np.array([r[i] for r in rows]) for i in range(4))
     hist = np.array([(0.0, 0.0)] + history_growth(events, numels))
     net = rss - hist[np.searchsorted(hist[:, 0], t, side="right") - 1, 1]
@@ -121,6 +175,7 @@ def analyze(args, events, results, rows, numels, t0, t_bad, t_end, kills):
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "model": {"params": sum(numels), "fragments": len(numels), "fp32_mb": model / 2**20},
         "phases": stats,
+        "shards": shards,
         "syncer": {
             "peak_rss_mb": round(float(rss[(t >= t0) & (t <= t_end)].max()), 1),
             "peak_rss_mb_at_stop": round(float(rss[t > t_end].max()), 1),
@@ -180,7 +235,8 @@ def plot(rep: dict, events: list[dict], t0: float, t_bad: float, path: Path) -> 
 
     tl, mem, cfg = rep["timeline"], rep["memory"], rep["config"]
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    a.plot(tl["t"], tl["rss_mb"], label="syncer RSS")
+    shards = f" ({cfg['shards']} shards, summed)" if cfg.get("shards", 1) > 1 else ""
+    a.plot(tl["t"], tl["rss_mb"], label="syncer RSS (all shards)")
     a.plot(tl["t"], tl["net_rss_mb"], label="net RSS (minus version-history growth)")
     if mem["steady_net_peak_good_only_mb"] and cfg["bad"]:
         cap = mem["steady_net_peak_good_only_mb"] + mem["design_cap_bad_total_mb"]
@@ -193,7 +249,7 @@ def plot(rep: dict, events: list[dict], t0: float, t_bad: float, path: Path) -> 
     a.set_xlim(left=max(min(tl["t"]), -5.0))  # the wait for the workers' imports is idle
     a.legend(fontsize=8, loc="lower right")
     a.set_title(
-        f"atoll syncer: {cfg['clients']} good + {cfg['bad']} misbehaving clients, "
+        f"atoll syncer{shards}: {cfg['clients']} good + {cfg['bad']} misbehaving clients, "
         f"{rep['model']['params'] / 1e6:.2f}M params, step {cfg['step_s']} s",
         fontsize=10,
     )

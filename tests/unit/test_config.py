@@ -200,7 +200,11 @@ def test_sim_overrides_are_flat_and_refuse_live_keys():
 
 
 def test_live_options_are_built_from_the_job(tmp_path):
-    job = load_job(NON_DEFAULT + ["port=7070", "chunk_bytes=4096", "snapshot_history=3"])
+    sets = ["port=7070", "chunk_bytes=4096", "snapshot_history=3", "max_learners=150"]
+    job = load_job(NON_DEFAULT + sets)
+    assert job.live.max_learners == 150
+    with pytest.raises(ConfigError, match="max_learners"):
+        load_job(NON_DEFAULT + ["max_learners=0"])
     opts = syncer_options(job, tmp_path, "run", "secret-123", expect=2, tls_cert="c")
     for f in dataclasses.fields(SyncerOptions):
         if hasattr(job.live, f.name):

@@ -49,6 +49,9 @@ class LiveConfig:
     # syncer processes, each serving its share of the fragments (core/shards.py): `atoll run`
     # and `atoll syncer` start them all; at most the plan's fragments
     shards: int = 1
+    # live sessions (and Pulls streams) a syncer takes at most, each shard alike (every learner
+    # joins every shard); the next is refused (RESOURCE_EXHAUSTED); 3 server threads each
+    max_learners: int = 100
 
     def shape_factors(self, learners: int) -> list[float]:
         return _per_learner("shape_mbps", self.shape_mbps, learners, allow_zero=True)
@@ -75,6 +78,8 @@ class LiveConfig:
         check_comm(self.comm)
         if self.shards < 1:
             raise ConfigError("shards", self.shards, "an integer >= 1 (at most the fragments)")
+        if self.max_learners < 1:
+            raise ConfigError("max_learners", self.max_learners, "an integer >= 1")
         if self.pace_s < 0:
             raise ConfigError("pace_s", self.pace_s, "a number >= 0 (seconds per step)")
         if self.wait_s < 0 or self.restart_delay_s < 0:

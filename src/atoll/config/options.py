@@ -67,6 +67,7 @@ def syncer_options(
         tls_cert=tls_cert,
         tls_key=tls_key,
         expect_learners=job.run.learners if expect is None else expect,
+        max_learners=live.max_learners,
         shard=shard or ShardSpec(),
     )
 
