@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atoll.core import codec
+from atoll.core.fragments import make_plan
 from atoll.core.history import History
 from atoll.core.memory import frame_bytes, history_bytes_per_fragment, memory_bytes
-from atoll.core.messages import PushAnswer, Refusal
-from atoll.core.syncer import SyncerConfig
+from atoll.core.messages import Contribution, PushAnswer, Refusal
+from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.errors import ConfigError
 from tests.unit.test_history import _bounded_run, _contribution, _run, _syncer
 
@@ -164,3 +165,29 @@ def test_memory_formula_frames_only_and_settings():
     SyncerConfig(history_full_every=0).validate()
     with pytest.raises(ConfigError, match="history_full_every"):
         SyncerConfig(history_full_every=-1).validate()
+
+
+def test_decode_buffers_kept_between_rounds_are_one_per_learner_in_all():
+    """The formula's open round (M decoded contributions of 4n) is also what the syncer keeps
+    between rounds to decode into: one buffer per live learner, not per fragment."""
+    plan = make_plan({f"w{p}": (640,) for p in range(6)}, P=6, H=6)
+    cfg = SyncerConfig(quorum=3, grace=False, schedule="push", outer="sgd")
+    syncer = SyncerProtocol(plan, [torch.randn(640) for _ in range(6)], cfg)
+    payloads = [codec.encode(0.01 * torch.randn(640), "int4") for _ in range(3)]
+    for m in range(3):
+        syncer.on_join(0.0, f"L{m}")
+    seq = 0
+    for _ in range(3):
+        for p in range(6):
+            for m in range(3):
+                seq += 1
+                c = Contribution(
+                    f"L{m}", p, seq, syncer.version[p], payloads[m], steps=1, tokens=10,
+                    sent_at=1.0, step_time=1.0,
+                )  # fmt: skip
+                syncer.on_contribution(float(seq), c)
+    assert syncer.version == [3] * 6
+    kept = sum(t.numel() * 4 for t in syncer._spare)
+    assert len(syncer._spare) == 3 and kept == 3 * 4 * 640
+    m = memory_bytes(6 * 640, 6, 3)
+    assert kept <= m["open_rounds"]

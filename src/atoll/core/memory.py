@@ -13,7 +13,8 @@ rounds, once warm):
       (down_codec fp32: every version in full, 4n * (K - 1)); with history_bytes > 0 at most
       that many bytes in all; plus one resolved version cached, 4n
     heal frames                    P * F(n, heal_codec)  (once a learner healed)
-    open rounds                    open_rounds * M * (4n + F(n, up_codec))
+    open rounds                    open_rounds * M * (4n + F(n, up_codec))  (between
+                                   rounds the M decode buffers are kept for the next one)
 Transient, on top, at their moments:
     closing a round                (M + 8) * 4n  (deltas, merge, new values, broadcast,
                                    the tape record)
