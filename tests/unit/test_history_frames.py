@@ -4,6 +4,9 @@ float32 rounding (checked against the exact values with a tolerance of a few ulp
 between); the bounds in versions and bytes, a restore, a tape replay, and the memory formula
 (core/memory.py) against what is held."""
 
+import gc
+import types
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -167,27 +170,45 @@ def test_memory_formula_frames_only_and_settings():
         SyncerConfig(history_full_every=-1).validate()
 
 
-def test_decode_buffers_kept_between_rounds_are_one_per_learner_in_all():
-    """The formula's open round (M decoded contributions of 4n) is also what the syncer keeps
-    between rounds to decode into: one buffer per live learner, not per fragment."""
-    plan = make_plan({f"w{p}": (640,) for p in range(6)}, P=6, H=6)
-    cfg = SyncerConfig(quorum=3, grace=False, schedule="push", outer="sgd")
-    syncer = SyncerProtocol(plan, [torch.randn(640) for _ in range(6)], cfg)
-    payloads = [codec.encode(0.01 * torch.randn(640), "int4") for _ in range(3)]
-    for m in range(3):
-        syncer.on_join(0.0, f"L{m}")
+def _held_tensors(root: object) -> dict[int, int]:
+    """The tensor storages reachable from `root` by strong references: address -> bytes."""
+    seen, out, todo = set(), {}, [root]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            out[st.data_ptr()] = st.nbytes()
+        else:
+            todo.extend(gc.get_referents(o))
+    return out
+
+
+def test_what_the_syncer_holds_in_tensors_is_the_formulas():
+    """Frames only, after a heal and rounds: the exact and public values, and one decode
+    buffer per live learner (the formula's open round: kept between rounds for the next, of
+    any fragment); no public value the protocol replaced is kept (the heal cache's)."""
+    P, n, M = 6, 640, 3
+    plan = make_plan({f"w{p}": (n,) for p in range(P)}, P=P, H=P)
+    cfg = SyncerConfig(quorum=M, grace=False, schedule="push", outer="sgd", history_full_every=0)
+    syncer = SyncerProtocol(plan, [torch.randn(n) for _ in range(P)], cfg)
+    payloads = [codec.encode(0.01 * torch.randn(n), "int4") for _ in range(M)]
+    for m in range(M):
+        syncer.on_join(0.0, f"L{m}")  # a heal: every fragment encoded in full, cached
     seq = 0
     for _ in range(3):
-        for p in range(6):
-            for m in range(3):
+        for p in range(P):
+            for m in range(M):
                 seq += 1
                 c = Contribution(
                     f"L{m}", p, seq, syncer.version[p], payloads[m], steps=1, tokens=10,
                     sent_at=1.0, step_time=1.0,
                 )  # fmt: skip
                 syncer.on_contribution(float(seq), c)
-    assert syncer.version == [3] * 6
-    kept = sum(t.numel() * 4 for t in syncer._spare)
-    assert len(syncer._spare) == 3 and kept == 3 * 4 * 640
-    m = memory_bytes(6 * 640, 6, 3)
-    assert kept <= m["open_rounds"]
+    assert syncer.version == [3] * P and syncer.history._cache is None
+    held = _held_tensors(syncer)
+    assert sorted(held.values()) == [4 * n] * (2 * P + M)
+    m = memory_bytes(P * n, P, M, full_every=0)
+    assert M * 4 * n <= m["open_rounds"] and 2 * P * 4 * n == m["theta_public"]
