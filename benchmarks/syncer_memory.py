@@ -133,7 +133,8 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for res, color in zip(results, ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange"], strict=False):
+    colors = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange"]
+    for res, color in zip(results, colors, strict=False):
         xs = [x[0] for x in res["samples"]]
         ax.plot(xs, [x[2] / 2**20 for x in res["samples"]], color=color, label=res["mode"])
         ax.axhline(res["formula"]["steady"] / 2**20, color=color, ls="--", lw=0.8)
