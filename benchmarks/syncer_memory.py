@@ -8,7 +8,10 @@ so that freed fragment-sized buffers go back to the system rather than to glibc'
 dynamic threshold otherwise keeps them: what a deployment should set too):
 - `plain`: history_full_every = 1, every kept version in fp32 (the representation before);
 - `frames`: the default, older versions as the broadcast int4 frames, a full one every 16;
-- `bytes`: the default plus history_bytes = 4 fp32 copies of the model (about 15 versions).
+- `bytes`: the default plus history_bytes = 4 fp32 copies of the model (about 15 versions);
+- `frames0`: history_full_every = 0, frames only (older versions resolved backward from the
+  newest, core/history.py);
+- `frames0_h4`: frames only and history = 4 (bases up to 3 versions old, as fed here).
 M learners each contribute to every round, on a base 0-3 versions old (resolved from the
 history), with the same pre-encoded int4 payloads (content does not matter to memory).
 The process's baseline (Python, torch, codec warmed up, before any model-sized tensor) is
@@ -35,6 +38,8 @@ MODES = {
     "plain": {"history_full_every": 1},
     "frames": {},
     "bytes": {"history_bytes": "4x"},
+    "frames0": {"history_full_every": 0},
+    "frames0_h4": {"history_full_every": 0, "history": 4},
 }
 
 
@@ -128,7 +133,8 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for res, color in zip(results, ["tab:red", "tab:blue", "tab:green"], strict=False):
+    colors = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange"]
+    for res, color in zip(results, colors, strict=False):
         xs = [x[0] for x in res["samples"]]
         ax.plot(xs, [x[2] / 2**20 for x in res["samples"]], color=color, label=res["mode"])
         ax.axhline(res["formula"]["steady"] / 2**20, color=color, ls="--", lw=0.8)

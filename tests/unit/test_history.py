@@ -41,10 +41,11 @@ def _contribution(plan, syncer, p, seq, base=None, scale=0.05):
     return Contribution("L0", p, seq, base, payload, steps=1, tokens=10, sent_at=1.0, step_time=1.0)
 
 
-def _run(plan, syncer, rounds):
-    """`rounds` merges of each fragment; the public value of every version, as it was."""
-    ref = [{0: syncer.public[p].clone()} for p in range(plan.P)]
-    seq = 0
+def _run(plan, syncer, rounds, ref=None):
+    """`rounds` merges of each fragment; the public value of every version, as it was (added
+    to `ref`, one dict per fragment, when given)."""
+    ref = ref or [{syncer.version[p]: syncer.public[p].clone()} for p in range(plan.P)]
+    seq = 1000 * len(ref[0])  # after those of earlier calls
     for _ in range(rounds):
         for p in range(plan.P):
             seq += 1
@@ -94,18 +95,27 @@ def test_a_contribution_on_an_older_base_is_taken_against_its_exact_value():
     assert (got - want).abs().max().item() < 1e-5, (got - want).abs().max()
 
 
-def test_beyond_the_byte_bound_the_oldest_go_and_a_base_there_is_refused():
-    torch.manual_seed(3)
-    numel = sum(t[0] for t in SHAPES.values())
-    bound = 10 * 4 * numel  # ten fp32 copies in all
-    plan, syncer = _syncer(history=64, history_full_every=16, history_bytes=bound)
-    ref = _run(plan, syncer, 80)
+def _bounded_run(full_every, bound, rounds):
+    """`rounds` merges with `history_bytes` = bound: at most that many bytes held (the cached
+    version aside), the newest versions, consecutive."""
+    plan, syncer = _syncer(history=64, history_full_every=full_every, history_bytes=bound)
+    ref = _run(plan, syncer, rounds)
     h = syncer.history
     assert h.nbytes() - (0 if h._cache is None else 4 * h._cache[2].numel()) <= bound
     for p in range(plan.P):
         held = list(h[p])
-        assert 2 < len(held) < 64 and held == list(range(held[0], 81))
-        assert all(torch.equal(h[p][v], ref[p][v]) for v in held)
+        assert 2 < len(held) < 64 and held == list(range(held[0], rounds + 1))
+    return plan, syncer, ref
+
+
+def test_beyond_the_byte_bound_the_oldest_go_and_a_base_there_is_refused():
+    torch.manual_seed(3)
+    numel = sum(t[0] for t in SHAPES.values())
+    bound = 10 * 4 * numel  # ten fp32 copies in all
+    plan, syncer, ref = _bounded_run(16, bound, 80)
+    h = syncer.history
+    for p in range(plan.P):
+        assert all(torch.equal(h[p][v], ref[p][v]) for v in h[p])
     oldest = next(iter(h[0]))
     out = syncer.on_contribution(200.0, _contribution(plan, syncer, 0, 5000, base=oldest - 1))
     answer = out[-1]
@@ -184,6 +194,6 @@ def test_memory_formula_components_and_bad_settings():
     assert plain["history"] > 4 * m["history"]  # 64 fp32 copies against frames
     assert memory_bytes(10**9, 24, 8, history_bytes=10**9)["history"] == 10**9
     with pytest.raises(ConfigError, match="history_full_every"):
-        SyncerConfig(history_full_every=0).validate()
+        SyncerConfig(history_full_every=-1).validate()
     with pytest.raises(ConfigError, match="history_bytes"):
         SyncerConfig(history_bytes=-1).validate()

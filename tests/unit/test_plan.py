@@ -36,6 +36,25 @@ def test_memory_per_parameter_is_the_syncers_own_formula() -> None:
     assert syncer_bytes_per_param(16) > syncer_bytes_per_param(8) > syncer_bytes_per_param(2)
     assert syncer_bytes_per_param(8, history=8) < syncer_bytes_per_param(8) < 8 + 4 * 64
     assert syncer_bytes_per_param(8, snapshot=False) < syncer_bytes_per_param(8)
+    steady = memory_bytes(n, 24, 8, full_every=0, history=4, heal_codec="int4")["steady"] / n
+    assert syncer_bytes_per_param(
+        8, history=4, peak="steady", full_every=0, heal_codec="int4"
+    ) == pytest.approx(steady)
+
+
+def test_plan_with_a_frames_only_history() -> None:
+    """--history-full-every 0 --history 4 --heal-codec int4 (BENCHMARKS.md section 11): at most
+    12 bytes per parameter between snapshots; the snapshot peak reported apart."""
+    c = PlanConfig(params=1e9, history=4, history_full_every=0, heal_codec="int4")
+    p = plan(c)
+    assert 11 < p["steady_bytes_per_param"] <= 12 < p["bytes_per_param"]
+    d = plan(PlanConfig(params=1e9))
+    assert d["steady_bytes_per_param"] > 60 and d["bytes_per_param"] > 120
+    small = plan(replace(c, snapshot_history=2))["bytes_per_param"]
+    assert small == pytest.approx(p["steady_bytes_per_param"] + 2 * 4 * (2 + 2 - 1), rel=1e-3)
+    for bad in ({"history_full_every": -1}, {"snapshot_history": 1}, {"heal_codec": "int3"}):
+        with pytest.raises(ConfigError):
+            replace(c, **bad)
 
 
 def test_plan_by_hand() -> None:

@@ -155,7 +155,8 @@ class ProtocolSettings:
     # seen is refused and its learner heals; 0 = off
     guard: float = 10.0
     # the syncer's public versions kept per fragment to resolve learners' bases (older ones as
-    # the int4 frames broadcast, a full one every `history_full_every`); `history_bytes` > 0
+    # the int4 frames broadcast, a full one every `history_full_every`, 0: none, resolved
+    # backward from the newest to float32 rounding, core/history.py); `history_bytes` > 0
     # bounds them in bytes (a base beyond is refused, its learner heals; docs/live.md)
     history: int = 64
     history_full_every: int = 16
@@ -186,7 +187,12 @@ class ProtocolSettings:
         need(self, self.guard == 0 or 1 < self.guard < math.inf, "guard", "0 (off) or a number > 1")
         need(self, self.H >= 1, "H", "an integer >= 1")
         need(self, self.history >= 2, "history", "an integer >= 2")
-        need(self, self.history_full_every >= 1, "history_full_every", "an integer >= 1")
+        need(
+            self,
+            self.history_full_every >= 0,
+            "history_full_every",
+            "an integer >= 0 (0: frames only)",
+        )
         need(self, self.history_bytes >= 0, "history_bytes", "0 (no bound) or bytes > 0")
         from atoll.core.choices import check_choices
 

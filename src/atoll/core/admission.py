@@ -13,6 +13,7 @@ counted.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import torch
@@ -68,22 +69,23 @@ class HealCache:
     encoded once per value (a storm of rejoins costs no re-encoding under the driver's
     lock), or "held" where a fresh learner's parameter digests show it holds the value.
     The protocol never changes a tensor in place, it replaces it: the tensor's identity keys
-    both caches (not durable state)."""
+    both caches (not durable state), held by a weak reference (a public value the protocol
+    has replaced is not kept alive by them: that would be one more copy of the model)."""
 
     def __init__(
         self, plan: FragmentPlan, heal_codec: str, group: int, served: Sequence[int] | None = None
     ) -> None:
         self.plan, self.heal_codec, self.group = plan, heal_codec, group
         self.served = list(range(plan.P)) if served is None else list(served)
-        self.full_frames: dict[int, tuple[torch.Tensor, bytes]] = {}  # p -> (value, frame)
-        self.digest_cache: dict[int, tuple[torch.Tensor, dict[str, bytes]]] = {}
+        self.full_frames: dict[int, tuple[weakref.ref, bytes]] = {}  # p -> (value, frame)
+        self.digest_cache: dict[int, tuple[weakref.ref, dict[str, bytes]]] = {}
 
     def full(self, p: int, version: int, value: torch.Tensor) -> FragmentUpdate:
         """Fragment p's public `value` of `version`, in full."""
         hit = self.full_frames.get(p)
-        if hit is None or hit[0] is not value:
+        if hit is None or hit[0]() is not value:
             frame = codec.encode(value, self.heal_codec, self.group)
-            hit = self.full_frames[p] = (value, frame)
+            hit = self.full_frames[p] = (weakref.ref(value), frame)
         return FragmentUpdate(p, version, UpdateKind.FULL, version, hit[1], (), 0.0)
 
     def heal(
@@ -112,11 +114,11 @@ class HealCache:
     ) -> FragmentUpdate:
         if digests:
             hit = self.digest_cache.get(p)
-            if hit is None or hit[0] is not value:  # same identity rule as the frames
+            if hit is None or hit[0]() is not value:  # same identity rule as the frames
                 names = self.plan.fragments[p].names
                 parts = self.plan.split(p, value)
                 named = {n: codec.digest(t) for n, t in zip(names, parts, strict=True)}
-                hit = self.digest_cache[p] = (value, named)
+                hit = self.digest_cache[p] = (weakref.ref(value), named)
             if all(digests.get(n) == d for n, d in hit[1].items()):
                 return FragmentUpdate(p, version, UpdateKind.HELD, version, b"", (), 0.0)
         return self.full(p, version, value)

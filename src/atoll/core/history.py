@@ -21,6 +21,15 @@ Versions brought back from a snapshot or a tape record are full values (no frame
 count in full until they age out. `full_every = 1` keeps every version in full (the memory of
 a plain list of copies). One resolved older version is cached (the M contributions of a
 round are usually based on the same one).
+
+`full_every = 0` (frames only): no full value but the newest (the public value, shared) and
+versions restored in full; version v is resolved backward from the nearest full version
+u > v: `value(u) - decode(frame_u) - ... - decode(frame_{v+1})`. Not bit-exact: each
+subtraction rounds to float32, so the value differs from the one the learners hold by a few
+float32 ulps per version between v and u (measured in tests/unit/test_history_frames.py;
+far below the int4 quantization of any contribution), and as newer versions arrive (the
+full value moves to the newest) a version's resolved value may change in its last bits.
+Memory: `keep - 1` frames per fragment, nothing in full once warm.
 """
 
 from __future__ import annotations
@@ -86,7 +95,8 @@ class History:
         return all(v in self.held_v[p] for p, v in enumerate(versions))
 
     def value(self, p: int, v: int) -> torch.Tensor:
-        """Fragment p's public value of version v, exact (KeyError: not held)."""
+        """Fragment p's public value of version v, exact (frames only, `full_every = 0`:
+        to float32 rounding, module docstring; KeyError: not held)."""
         if v not in self.held_v[p]:
             raise KeyError(v)
         full = self.full[p]
@@ -94,6 +104,8 @@ class History:
             return full[v]
         if self._cache is not None and self._cache[:2] == (p, v):
             return self._cache[2]
+        if not self.full_every:
+            return self._backward(p, v)
         u = v - 1
         while u not in full:  # the newest full version before v (the oldest held is full)
             u -= 1
@@ -102,6 +114,21 @@ class History:
             u, value = self._cache[1], self._cache[2]  # go on from the cached version
         for w in range(u + 1, v + 1):
             value = value + codec.decode(self.frames[p][w])  # as the broadcast made it
+        self._cache = (p, v, value)
+        return value
+
+    def _backward(self, p: int, v: int) -> torch.Tensor:
+        """Frames only: from the nearest full version above v (or the cached one, if nearer),
+        the frames subtracted in order, newest first."""
+        full, frames = self.full[p], self.frames[p]
+        u = v + 1
+        while u not in full:  # every frame from v+1 up to a full version is held (_thin)
+            u += 1
+        value = full[u]
+        if self._cache is not None and self._cache[0] == p and v < self._cache[1] < u:
+            u, value = self._cache[1], self._cache[2]
+        for w in range(u, v, -1):
+            value = value - codec.decode(frames[w])
         self._cache = (p, v, value)
         return value
 
@@ -122,6 +149,8 @@ class History:
     def newest(self, p: int, n: int) -> dict[int, torch.Tensor]:
         """Fragment p's newest `n` versions (full ones are the held tensors; older ones are
         made, in order, each from the one before)."""
+        if not self.full_every:
+            return self._newest_backward(p, n)
         out: dict[int, torch.Tensor] = {}
         prev: tuple[int, torch.Tensor] | None = None
         for v in list(self.held_v[p])[-n:]:
@@ -134,6 +163,21 @@ class History:
             out[v] = prev_t = t
             prev = (v, prev_t)
         return out
+
+    def _newest_backward(self, p: int, n: int) -> dict[int, torch.Tensor]:
+        """`newest` with frames only: each from the one after it, as `_backward` does."""
+        out: dict[int, torch.Tensor] = {}
+        after: tuple[int, torch.Tensor] | None = None
+        for v in reversed(list(self.held_v[p])[-n:]):
+            if v in self.full[p]:
+                t = self.full[p][v]
+            elif after is not None and after[0] == v + 1:
+                t = after[1] - codec.decode(self.frames[p][v + 1])
+            else:
+                t = self.value(p, v)
+            out[v] = t
+            after = (v, t)
+        return dict(sorted(out.items()))
 
     def load(self, p: int, versions: dict[int, torch.Tensor], replace: bool) -> None:
         """Add (copies of) `versions` to what is held of fragment p, or replace it."""
@@ -162,8 +206,18 @@ class History:
         return self.max_bytes > 0 and self.fragment_bytes(p) > self.max_bytes * self.share[p]
 
     def _thin(self, p: int) -> None:
-        """Keep in full only the RECENT newest, every full_every-th and the oldest held."""
+        """Keep in full only the RECENT newest, every full_every-th and the oldest held
+        (frames only: those that cannot be reached backward by frames from the newest)."""
         held = list(self.held_v[p])
+        if not self.full_every:
+            frames, full = self.frames[p], self.full[p]
+            reached = True  # the newest is full
+            for v in reversed(held[:-1]):
+                if reached and v + 1 in frames:
+                    full.pop(v, None)  # resolved backward from v + 1
+                else:
+                    reached = v in full
+            return
         for v in held[1:-RECENT]:
             if v not in self.full[p]:
                 continue
@@ -176,14 +230,29 @@ class History:
         held = self.held_v[p]
         oldest = next(iter(held))
         nxt = list(held)[1]
-        if nxt not in self.full[p]:
+        if nxt not in self.full[p] and self.full_every:
             self.full[p][nxt] = self.value(p, nxt)  # exact: one decode from the oldest
         self._drop(p, oldest)
         self.frames[p].pop(nxt, None)  # its base is gone: it is full now
 
     def _drop(self, p: int, v: int) -> None:
+        if not self.full_every and v in self.held_v[p]:
+            self._pin_below(p, v)
         self.held_v[p].pop(v, None)
         self.full[p].pop(v, None)
         self.frames[p].pop(v, None)
         if self._cache is not None and self._cache[0] == p:
             self._cache = None
+
+    def _pin_below(self, p: int, v: int) -> None:
+        """Frames only, before version v (or its frame) goes: the versions below v that are
+        resolved through it are made full, as they resolve now."""
+        held, full, frames = self.held_v[p], self.full[p], self.frames[p]
+        u = v - 1
+        if u not in held or u in full:
+            return
+        t = self.value(p, v)
+        while u in held and u not in full:
+            t = t - codec.decode(frames[u + 1])
+            full[u] = t
+            u -= 1

@@ -8,15 +8,19 @@ rounds, once warm):
     history (History, core/history.py), each fragment, `history` = K versions kept:
         full values   4n * ((RECENT - 1) + ceil((K - RECENT - 1) / full_every) + 1)
         frames        F(n, down_codec) * (K - 1 - checkpoints)
+      full_every = 0 (frames only): F(n, down_codec) * (K - 1), no full value (after a
+      restore, the restored versions count in full until they age out);
       (down_codec fp32: every version in full, 4n * (K - 1)); with history_bytes > 0 at most
       that many bytes in all; plus one resolved version cached, 4n
     heal frames                    P * F(n, heal_codec)  (once a learner healed)
-    open rounds                    open_rounds * M * (4n + F(n, up_codec))
+    open rounds                    open_rounds * M * (4n + F(n, up_codec))  (between
+                                   rounds the M decode buffers are kept for the next one)
 Transient, on top, at their moments:
     closing a round                (M + 8) * 4n  (deltas, merge, new values, broadcast,
                                    the tape record)
-    a snapshot                     (2 + outer + snapshot_history - RECENT) * 4n * P, and its
-                                   serialized bytes (about the same again)
+    a snapshot                     (2 + outer + snapshot_history - shared) * 4n * P, and its
+                                   serialized bytes (about the same again); shared: the
+                                   newest versions held in full, RECENT (frames only: 1)
 with n = N / P and F(n, scheme) a frame's bytes (28 + the body: 4n fp32, 2n bf16,
 n + 2 * groups int8, n/2 + 2 * groups int4, groups = ceil(n / group); plus at most
 body/256 + 64 that zstd adds to a body it cannot shrink). Not counted: the
@@ -55,6 +59,8 @@ def history_bytes_per_fragment(
     held (the cached resolved version not included)."""
     if down_codec == "fp32":
         return 4 * n * (keep - 1)
+    if full_every == 0:  # frames only
+        return frame_bytes(n, down_codec, group) * (keep - 1)
     middle = max(0, keep - RECENT - 1)
     checkpoints = math.ceil(middle / full_every)
     full = (min(RECENT, keep) - 1) + checkpoints + (1 if keep > RECENT else 0)
@@ -96,7 +102,8 @@ def memory_bytes(
         "base": base_bytes,
     }
     steady = sum(parts.values())
-    snap = 4 * n * P * (2 + outer_copies + max(0, snapshot_history - RECENT))
+    shared = RECENT if full_every else 1  # newest versions a snapshot shares, not copies
+    snap = 4 * n * P * (2 + outer_copies + max(0, snapshot_history - shared))
     return {
         **parts,
         "steady": steady,

@@ -136,7 +136,9 @@ class SyncerProtocol:
         self.pulled = PullRounds(plan.P)  # when each pulled round closes (core/pacing.py)
         # pulled rounds wait for the answer window; without grace they close at the quorum
         self._answer_window = self.cfg.schedule == "pull" and self.cfg.grace
-        self._spare: list[list[torch.Tensor]] = [[] for _ in range(plan.P)]  # decode buffers
+        # decode buffers of closed rounds, for the next contributions of any fragment: at most
+        # one per live learner in all (per fragment they would hold M * 4N bytes)
+        self._spare: list[torch.Tensor] = []
 
     # -- the durable state (atoll.core.state) -------------------------------------------------
     @property
@@ -249,13 +251,13 @@ class SyncerProtocol:
         bad = check_contribution(
             c, self.plan, self.live, self.history.held(p), self.state.version_of(p), self.cfg.codec
         ) or self._elsewhere(p)
-        spare = self._spare[p].pop() if not bad and self._spare[p] else None
+        spare = self._spare.pop() if not bad and self._spare else None
         got = bad or decode_checked(  # (only once the header passed)
             c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard, spare
         )
         if isinstance(got, Rejection):
             if spare is not None:
-                self._spare[p].append(spare)
+                self._spare.append(spare)
             return [Event(now, "syncer", got.refused(c.learner, c.fragment)), got.answer()]
         self.guard.accept(p, got.rate, c.steps)
         if c.step_time > 0:
@@ -389,16 +391,17 @@ class SyncerProtocol:
         uploads = [max(pend[i].arrived - pend[i].c.sent_at, 0.0) for i in ids]
         self.grace.observe(self.grace.sync, max(uploads))
         self._reset_round(p)
-        self._recycle(p, [pend[i].theta for i in ids])
+        self._recycle([pend[i].theta for i in ids])
         sends = [Send(lid, update) for lid in sorted(self.live)]
         return [Commit(p, v), *sends, Event(now, "syncer", event)]
 
-    def _recycle(self, p: int, thetas: list[torch.Tensor]) -> None:
-        """A closed round's decode buffers serve the next round's contributions (fresh
-        memory costs a page fault per 4 KiB on its first write: ~20 ms per 16M values)."""
+    def _recycle(self, thetas: list[torch.Tensor]) -> None:
+        """A closed round's decode buffers serve the next contributions, of any fragment
+        (fresh memory costs a page fault per 4 KiB on its first write: ~20 ms per 16M values;
+        a buffer smaller than a fragment's frame is not used for it, codec.decode_from)."""
         for t in thetas:  # an int frame's values: a view of its buffer (codec.decode_from)
-            if t._base is not None and len(self._spare[p]) < len(self.live):
-                self._spare[p].append(t._base)
+            if t._base is not None and len(self._spare) < len(self.live):
+                self._spare.append(t._base)
 
     def _reset_round(self, p: int) -> None:
         self.pulled.closed(p)

@@ -27,7 +27,7 @@ class SyncerConfig:
     heal_codec: str = "int8"  # a fragment sent whole: heals, an overflowing queue
     group: int = 64
     history: int = 64  # public versions kept per fragment to resolve learners' base versions
-    history_full_every: int = 16  # every n-th version kept in full, the others as frames
+    history_full_every: int = 16  # every n-th version in full, the others as frames; 0: frames only
     history_bytes: int = 0  # bound on the history's bytes (0: only `history` bounds it)
     schedule: str = "pull"  # "pull": the syncer paces rounds; "push": learners' step counts
     codec: str = ""  # the learners' codec: contributions in another are refused ('' = any)
@@ -37,8 +37,10 @@ class SyncerConfig:
         check_choices(self, empty_ok=("codec",))  # the learners' codec: '' = any
         if self.history < 2:
             raise ConfigError("history", self.history, "an integer >= 2")
-        if self.history_full_every < 1:
-            raise ConfigError("history_full_every", self.history_full_every, "an integer >= 1")
+        if self.history_full_every < 0:
+            raise ConfigError(
+                "history_full_every", self.history_full_every, "an integer >= 0 (0: frames only)"
+            )
         if self.history_bytes < 0:
             raise ConfigError("history_bytes", self.history_bytes, "0 (no bound) or bytes > 0")
         if not (self.guard == 0 or 1 < self.guard < math.inf):

@@ -160,9 +160,13 @@ def render(plans: list[dict], paper: list[dict] | None) -> None:
             "! a shard's round is one thread: more shards than fragments cannot "
             "help; a faster round (--ns-per-value) or a longer step is needed"
         )
+    every = c["history_full_every"]
+    frames = f"a full one every {every}" if every else "no full one"
     console.print(
-        f"{plans[0]['bytes_per_param']:.0f} bytes/parameter (history of {c['history']} "
-        f"versions as broadcast frames; atoll.core.memory), {c['ns_per_value']:.1f} ns/value "
+        f"{plans[0]['bytes_per_param']:.0f} bytes/parameter at a snapshot, "
+        f"{plans[0]['steady_bytes_per_param']:.1f} between (history of {c['history']} "
+        f"versions as broadcast frames, {frames}; atoll.core.memory), "
+        f"{c['ns_per_value']:.1f} ns/value "
         "+ 4 ms per contribution (BENCHMARKS.md s4, s9), shards at most "
         f"{c['max_core_load']:g} of a core, 2 cores each; snapshots at most 1/10 of a "
         "shard's core; util: Decoupled's compute utilisation at the link; speedup: its "

@@ -33,9 +33,10 @@ holds 8 + 4 * snapshot_history bytes per parameter once the history is full.
 
 Memory: `syncer_bytes_per_param`, from the syncer's own formula (atoll.core.memory.memory_bytes,
 docs/live.md "Syncer memory": Theta and the public value in fp32, the history as the int4
-frames that were broadcast with a full copy every 16 versions, outer-optimizer buffers, open
-rounds, heal frames, and a snapshot's copies at its peak), plus PROCESS_BYTES per shard
-process.
+frames that were broadcast with a full copy every 16 versions, or frames only with
+`history_full_every` 0, outer-optimizer buffers, open rounds, heal frames, and a snapshot's
+copies at its peak; `steady_bytes_per_param` without the snapshot or a closing round), plus
+PROCESS_BYTES per shard process.
 
 Bandwidth: per learner link and per direction, `atoll.bandwidth.model.average_rate` of the
 decoupled method with the calibrated fixed costs of a live run (BENCHMARKS.md section 7:
@@ -73,16 +74,21 @@ def syncer_bytes_per_param(
     outer: str = "sgd",
     snapshot: bool = True,
     fragments: int = 24,
+    *,
+    peak: str | None = None,
+    **settings: int | str,
 ) -> float:
     """Bytes the syncer holds per parameter once warm, at its peak (during a snapshot with
-    `snapshot`, else while closing a round): the syncer's own formula,
-    `atoll.core.memory.memory_bytes` (history kept as broadcast int4 frames with periodic full
-    copies, docs/live.md "Syncer memory"), for a model large enough that fixed costs vanish."""
+    `snapshot`, else while closing a round; `peak="steady"`: between rounds): the syncer's own
+    formula, `atoll.core.memory.memory_bytes` (history kept as broadcast int4 frames with
+    periodic full copies, or frames only with `full_every=0`, docs/live.md "Syncer memory"),
+    for a model large enough that fixed costs vanish. `settings`: memory_bytes's others
+    (full_every, heal_codec, snapshot_history, ...)."""
     if outer not in OUTER_BYTES:
         raise ConfigError("outer", outer, ", ".join(OUTER_BYTES))
     n = fragments * (1 << 24)
-    m = memory_bytes(n, fragments, learners, history=history, outer=outer)
-    return m["snapshot_peak" if snapshot else "round_peak"] / n
+    m = memory_bytes(n, fragments, learners, history=history, outer=outer, **settings)  # type: ignore[arg-type]
+    return m[peak or ("snapshot_peak" if snapshot else "round_peak")] / n
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,9 @@ class PlanConfig:
     shards: int = 0  # 0: as many as the CPU needs; else this many
     outer: str = "sgd"
     history: int = HISTORY
+    history_full_every: int = 16  # 0: the history as frames only (core/history.py)
+    heal_codec: str = "int8"
+    snapshot_history: int = 8
     max_core_load: float = 0.5
     snapshot_every_s: float = 10.0
     ns_per_value: float = NS_PER_VALUE
@@ -126,6 +135,12 @@ class PlanConfig:
             raise ConfigError("shards", self.shards, "a positive integer (0: as the CPU needs)")
         if self.shards > self.fragments:
             raise ConfigError("shards", self.shards, f"at most the fragments, P={self.fragments}")
+        if not isinstance(self.history_full_every, int) or self.history_full_every < 0:
+            raise ConfigError("history_full_every", self.history_full_every, "an integer >= 0")
+        if not isinstance(self.snapshot_history, int) or self.snapshot_history < 2:
+            raise ConfigError("snapshot_history", self.snapshot_history, "an integer >= 2")
+        if self.heal_codec not in ("fp32", "bf16", "int8", "int4"):
+            raise ConfigError("heal_codec", self.heal_codec, "fp32, bf16, int8, int4")
         if not 0 < self.max_core_load <= 1:
             raise ConfigError("max_core_load", self.max_core_load, "a fraction in (0, 1]")
         if self.outer not in OUTER_BYTES:
@@ -180,11 +195,14 @@ def plan(c: PlanConfig) -> dict:
     need = max(1, math.ceil(load / c.max_core_load - 1e-9))
     shards = c.shards or need
     feasible = need <= c.fragments and (c.shards == 0 or c.shards >= need)
-    per_param = syncer_bytes_per_param(c.learners, c.history, c.outer)
+    mem = {"full_every": c.history_full_every, "heal_codec": c.heal_codec,
+           "snapshot_history": c.snapshot_history}  # fmt: skip
+    per_param = syncer_bytes_per_param(c.learners, c.history, c.outer, **mem)
+    steady = syncer_bytes_per_param(c.learners, c.history, c.outer, peak="steady", **mem)
     ram = shards * PROCESS_BYTES + c.params * per_param
     up, down = c.bandwidth(**WIRE_UP), c.bandwidth(**WIRE_DOWN)
     learner_up, learner_down = average_rate("decoupled", up), average_rate("decoupled", down)
-    snap = snapshot_cpu_s(c)
+    snap = snapshot_cpu_s(c, c.snapshot_history)
     cores = 2 * shards
     hosts = max(
         math.ceil(cores / c.host_cores),
@@ -201,7 +219,8 @@ def plan(c: PlanConfig) -> dict:
         "feasible": feasible,
         "load_per_shard": load / shards,
         "cores": cores,
-        "bytes_per_param": per_param,
+        "bytes_per_param": per_param,  # at the snapshot peak
+        "steady_bytes_per_param": steady,  # between rounds and snapshots
         "ram_bytes": ram,
         "ram_per_shard_bytes": ram / shards,
         "snapshot_cpu_s": snap,
