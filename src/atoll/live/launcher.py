@@ -50,6 +50,7 @@ from atoll.eventlog import EventLog, load_events, read_events
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
 from atoll.live.common import die_with_parent
+from atoll.live.view import view_for
 
 
 def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
@@ -245,6 +246,9 @@ class Launcher:
                 self._spawn(p)
         chaos = list(self.chaos)
         interrupted, failed = False, None
+        view = None if self.quiet else view_for(self.run_dir, self.scfg, self.scfg.learners)
+        if view is not None:
+            view.start()
         spares = False  # warm spares, for a scenario that kills learners
         # one for each learner the scenario kills (their targets are drawn already)
         spare_for = (
@@ -265,6 +269,8 @@ class Launcher:
                 while chaos and t0 is not None and now - t0 >= chaos[0].at:
                     self._inject(chaos.pop(0), now)
                 self._supervise(now)
+                if view is not None:
+                    view.tick(now)
                 learners = [p for n, p in self.procs.items() if n != "syncer"]
                 if all(p.done for p in learners) and self._syncer_up():
                     break  # (a syncer that is down is restarted first: it writes the result)
@@ -279,6 +285,8 @@ class Launcher:
         except RunError as exc:  # the run cannot go on: stop every process, then say why
             failed = exc
         finally:
+            if view is not None:
+                view.stop()
             self._shutdown()
         end = time.time()
         self.events.record("launcher", RunEnded(interrupted=interrupted))

@@ -1,0 +1,223 @@
+"""The live view of a run, read from its one event stream (events.jsonl), as `atoll run` and
+`atoll demo` go: one row per learner (state, step, tokens/s, the last fragment it received,
+its staleness in the last round, rejoins, bytes each way on the wire), then the run: rounds
+closed, learners per round, goodput so far, bytes against the data-parallel equivalent, and a
+bar to the token budget.
+
+`RunState` folds typed events (atoll.core.events) into those figures and decides nothing for
+the run; `RunView` tails the file and shows them: a table redrawn in place (rich) when stdout
+is a terminal, else one plain line every `line_every_s` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atoll import metrics
+from atoll.core.events import Event
+
+
+@dataclass
+class LearnerRow:
+    state: str = "starting"
+    step: int = 0
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    last: str = "-"  # fragment@version of the newest update applied
+    staleness: int | None = None  # in the newest round it took part in
+    rejoins: int = 0
+    up: int = 0
+    down: int = 0
+    _prev: tuple[float, int] | None = None  # (time, tokens) of the step report before
+    _heals: int = 0
+
+
+@dataclass
+class RunState:
+    """What the view shows, from the events seen so far."""
+
+    learners: int
+    token_budget: int = 0
+    dp_bytes_per_token: float = 0.0  # a data-parallel ring all-reduce's bytes per token
+    rows: dict[str, LearnerRow] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    rounds: int = 0
+    participants: list[int] = field(default_factory=list)  # of the newest rounds
+    started: float | None = None  # the first training step
+    wire: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    tokens: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def row(self, learner: str) -> LearnerRow:
+        return self.rows.setdefault(learner, LearnerRow())
+
+    def feed(self, e: Event) -> None:
+        self.events.append(e)
+        d, kind = e.data, e.kind
+        if kind == "step":
+            r = self.row(e.source)
+            if r._prev is not None and e.t > r._prev[0] and d.tokens >= r._prev[1]:
+                r.tokens_per_s = (d.tokens - r._prev[1]) / (e.t - r._prev[0])
+            r._prev = (e.t, d.tokens)
+            r.step, r.tokens, r.state = d.step, d.tokens, "training"
+            self.tokens[(e.source, d.incarnation)] = d.tokens
+            if d.wire_up is not None:
+                self.wire[(e.source, d.incarnation)] = (d.wire_up, d.wire_down or 0)
+                r.up, r.down = d.wire_up, d.wire_down or 0
+        elif kind == "training":
+            self.started = e.t if self.started is None else min(self.started, e.t)
+            self.row(e.source).state = "training"
+        elif kind == "healed":
+            r = self.row(e.source)
+            r._heals += 1
+            r.rejoins = max(r._heals - 1, 0)
+        elif kind == "applied":
+            self.row(e.source).last = f"{d.fragment}@{d.version}"
+        elif kind == "round_closed":
+            self.rounds += 1
+            self.participants = [*self.participants[-49:], len(d.participants)]
+            for lid, s in zip(d.participants, d.staleness, strict=False):
+                self.row(lid).staleness = s
+        elif kind == "lost":
+            self.row(d.learner).state = "lost"
+        elif kind == "joined":
+            self.row(d.learner).state = "joined"
+        elif kind == "chaos" and d.process in self.rows:
+            self.row(d.process).state = {"kill": "killed", "stall": "stalled"}.get(
+                d.action, d.action
+            )
+
+    # -- the run's figures --------------------------------------------------------------------
+    def total_tokens(self) -> int:
+        return sum(self.tokens.values())
+
+    def goodput(self, now: float) -> float | None:
+        if self.started is None or now <= self.started:
+            return None
+        return metrics.goodput(self.events, self.learners, now - self.started)
+
+    def bytes_ratio(self) -> tuple[int, float]:
+        """(bytes on the wire both ways, data-parallel's bytes for the same tokens)."""
+        wire = sum(u + d for u, d in self.wire.values())
+        return wire, self.dp_bytes_per_token * self.total_tokens()
+
+    def line(self, now: float) -> str:
+        """The run in one plain line."""
+        g = self.goodput(now)
+        wire, dp = self.bytes_ratio()
+        per = sum(self.participants) / len(self.participants) if self.participants else 0.0
+        live = sum(1 for r in self.rows.values() if r.state == "training")
+        budget = f"/{self.token_budget:,}" if self.token_budget else ""
+        return (
+            f"tokens {self.total_tokens():,}{budget}  rounds {self.rounds}  "
+            f"learners/round {per:.2f}  training {live}/{self.learners}  "
+            f"goodput {'-' if g is None else f'{g:.1%}'}  "
+            f"wire {wire / 1e6:.1f} MB (data-parallel {dp / 1e6:.0f} MB)"
+        )
+
+
+def render(state: RunState, now: float) -> Any:
+    """The table and the run's line, as one rich renderable."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    t = Table(title="atoll run", expand=False)
+    for col in ("learner", "state", "step", "tokens/s", "last update", "staleness", "rejoins",
+                "up MB", "down MB"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("learner", "state") else "right")
+    colour = {"training": "green", "lost": "red", "killed": "red", "stalled": "yellow"}
+    for lid in sorted(state.rows):
+        r = state.rows[lid]
+        st = f"[{colour.get(r.state, 'white')}]{r.state}[/]"
+        stale = "-" if r.staleness is None else str(r.staleness)
+        t.add_row(lid, st, str(r.step), f"{r.tokens_per_s:,.0f}", r.last, stale,
+                  str(r.rejoins), f"{r.up / 1e6:.2f}", f"{r.down / 1e6:.2f}")  # fmt: skip
+    parts: list[Any] = [t, state.line(now)]
+    if state.token_budget:
+        done = min(state.total_tokens(), state.token_budget)
+        parts.append(ProgressBar(total=state.token_budget, completed=done, width=60))
+    parts.append("eval loss: at the end of the run (summary)")
+    return Group(*parts)
+
+
+class RunView:
+    """Tails `events_path` and shows the run: a live table on a terminal, else a plain line
+    every `line_every_s` seconds (`out`: where; default stdout)."""
+
+    def __init__(
+        self,
+        events_path: Path,
+        state: RunState,
+        out: Any = None,
+        refresh_s: float = 1.0,
+        line_every_s: float = 5.0,
+    ) -> None:
+        from rich.console import Console
+
+        self.path, self.state = Path(events_path), state
+        self.console = Console(file=out or sys.stdout)
+        self.refresh_s, self.line_every_s = refresh_s, line_every_s
+        self._pos, self._rest, self._shown = 0, "", 0.0
+        self._live: Any = None
+
+    def poll(self) -> None:
+        """Take the lines written since the last poll (a torn last line waits)."""
+        if not self.path.exists():
+            return
+        with open(self.path) as fh:
+            fh.seek(self._pos)
+            chunk = fh.read()
+            self._pos = fh.tell()
+        lines = (self._rest + chunk).split("\n")
+        self._rest = lines.pop()
+        for line in lines:
+            try:
+                self.state.feed(Event.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def start(self) -> None:
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self._live = Live(console=self.console, refresh_per_second=4, transient=False)
+            self._live.start()
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        every = self.refresh_s if self._live is not None else self.line_every_s
+        if now - self._shown < every:
+            return
+        self._shown = now
+        self.poll()
+        if self._live is not None:
+            self._live.update(render(self.state, now))
+        elif self.state.started is not None:
+            line = f"[atoll run] {self.state.line(now)}"
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self.poll()
+            self._live.update(render(self.state, time.time()))
+            self._live.stop()
+            self._live = None
+
+
+def view_for(run_dir: Path, scfg: Any, learners: int) -> RunView:
+    """The view of a run of the built-in model with settings `scfg` (its token budget, and
+    what a data-parallel ring all-reduce of fp32 gradients would send per token)."""
+    from atoll.bandwidth.model import allreduce_factor
+    from atoll.model.recipe import builtin_plan
+
+    plan, _ = builtin_plan(scfg)
+    per_token = (
+        allreduce_factor("ring", learners) * plan.nbytes_fp32() / (scfg.batch * scfg.context)
+    )
+    state = RunState(learners, scfg.token_budget(), per_token)
+    return RunView(Path(run_dir) / "events.jsonl", state)
