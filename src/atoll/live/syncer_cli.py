@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 
     from atoll.config import SimConfig
     from atoll.core.fragments import FragmentPlan
+    from atoll.core.shards import ShardSpec
+    from atoll.live.syncer import SyncerService
+    from atoll.live.syncer.endpoints import HttpEndpoints
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +53,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shard",
         metavar="I/S",
         help="run shard I of S only (one per host; each with its own --run-dir)",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=0,
+        help="serve /metrics (Prometheus), /healthz and /status.json on this port (default 0: "
+        "off); with --shards, shard i serves on HTTP_PORT+i",
+    )
+    p.add_argument(
+        "--http-host",
+        default="127.0.0.1",
+        help="the address the HTTP endpoints bind (default loopback; 0.0.0.0 for every one)",
     )
     p.add_argument("--events", type=Path, help="event log (default: RUN_DIR/events.jsonl)")
     p.add_argument(
@@ -107,6 +122,7 @@ def main(args: argparse.Namespace) -> int:
         events.close()
         print(f"atoll syncer: error: {restore_hint(run_dir, str(exc))}", file=sys.stderr)
         return EXIT_STORE
+    http = _http(args, service, shard)  # before the gRPC port: a taken port stops it here
     port = service.start()
     addr = f"{job.live.host}:{port}"
     tmp = run_dir / "syncer.addr.tmp"
@@ -127,12 +143,31 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     while not done.wait(0.5):
         pass
+    if http is not None:
+        http.close()
     service.stop(final_dir=run_dir)
     import json
 
     (run_dir / "syncer_final.json").write_text(json.dumps(service.final_accounts(), indent=1))
     events.close()
     return 0
+
+
+def _http(
+    args: argparse.Namespace, service: SyncerService, shard: ShardSpec | None
+) -> HttpEndpoints | None:
+    """The HTTP endpoints, when --http-port is given (shard i: the port + i)."""
+    if not args.http_port:
+        return None
+    from atoll.errors import ConfigError
+    from atoll.live.syncer.endpoints import HttpEndpoints
+
+    port = args.http_port + (shard.index if shard is not None else 0)
+    if not 0 < port < 65536:
+        raise ConfigError("http-port", args.http_port, "a port in [1, 65535] (each shard's too)")
+    http = HttpEndpoints(service.runtime, args.http_host, port)
+    print(f"atoll syncer: metrics on http://{args.http_host}:{http.port}/metrics", flush=True)
+    return http
 
 
 def _start(args: argparse.Namespace, scfg: SimConfig) -> tuple[FragmentPlan, list[torch.Tensor]]:

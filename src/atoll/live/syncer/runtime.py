@@ -79,6 +79,7 @@ class SyncerRuntime:
         self.stopping = threading.Event()
         self.acct = new_accounts()
         self.books = Books(self.acct)
+        self.observers: list[Any] = []  # called with every event accounted (lock held)
         self.tape = Tape(opts.run_dir / "tape", fsync=opts.tape_fsync)
         self.snapshot_path = opts.run_dir / "snapshot.safetensors"
         self.restored = self._restore()
@@ -159,6 +160,8 @@ class SyncerRuntime:
         for o in outputs:
             if isinstance(o, Event):
                 self._account(o)
+                for observe in self.observers:
+                    observe(o)
                 self.events.write(o)
             elif isinstance(o, SetTimer):
                 self._timer_seq += 1

@@ -1,0 +1,199 @@
+"""The syncer's read-only HTTP endpoints (`atoll syncer --http-port`): `/metrics` in the
+Prometheus text format, `/healthz`, `/status.json`.
+
+    atoll_syncer_rounds_total               rounds closed (merges), restarts included
+    atoll_syncer_contributions_accepted_total
+    atoll_syncer_contributions_refused_total{reason}   refused by this process, by reason
+    atoll_syncer_bytes_in_total / _bytes_out_total     contribution bytes taken / update
+                                            bytes sent (the books: syncer_final.json)
+    atoll_syncer_useful_seconds_total       step-seconds in accepted contributions (goodput's
+                                            numerator, as the run summary counts it)
+    atoll_syncer_goodput                    useful seconds / (expected learners x seconds
+                                            since the start barrier): the summary's window
+                                            ends at the last contribution, this one now
+    atoll_syncer_learners_live              live sessions
+    atoll_syncer_tokens_total               tokens the learners report
+    atoll_syncer_round_latency_seconds      histogram: quorum wait + grace of each round
+    atoll_syncer_quorum_wait_seconds_total / _grace_seconds_total
+    atoll_syncer_info{epoch,shard,shards}   1
+
+Every figure but the histogram, the waits and the refusal reasons (counted from events by
+this process, since it started) is read from the books under the runtime's lock, a few
+numbers copied; the page is rendered and written with no lock held. Each connection has a
+socket timeout and at most MAX_CLIENTS are served at once (the next is closed unanswered),
+so a slow or hostile client holds only its own thread. No secret is on any page.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from atoll.core.events import Event, Refused, RoundClosed
+
+if TYPE_CHECKING:
+    from atoll.live.syncer.runtime import SyncerRuntime
+
+MAX_CLIENTS = 16
+TIMEOUT_S = 5.0
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+MAX_REASONS = 32  # refusal reasons kept as labels; the rest count as "other"
+
+
+class SyncerMetrics:
+    """The metrics of one syncer process: `observe` is called with every event the runtime
+    accounts (its lock held: a few additions), `books` reads the runtime when scraped."""
+
+    def __init__(self, rt: SyncerRuntime) -> None:
+        self.rt = rt
+        self.registry = CollectorRegistry(auto_describe=True)
+        p = "atoll_syncer_"
+        self.refused = Counter(
+            p + "contributions_refused", "contributions refused, by reason", ["reason"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            p + "round_latency_seconds", "quorum wait + grace of each round closed",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.quorum = Counter(p + "quorum_wait_seconds", "quorum waits", registry=self.registry)
+        self.grace = Counter(p + "grace_seconds", "grace waits", registry=self.registry)
+        self._reasons: set[str] = set()
+        self.registry.register(_Books(self))
+
+    def observe(self, e: Event) -> None:
+        match e.data:
+            case Refused(reason=reason):
+                if reason not in self._reasons and len(self._reasons) >= MAX_REASONS:
+                    reason = "other"
+                self._reasons.add(reason)
+                self.refused.labels(reason=reason).inc()
+            case RoundClosed(quorum_wait_s=q, grace_s=g):
+                self.latency.observe(max(q, 0.0) + max(g, 0.0))
+                self.quorum.inc(max(q, 0.0))
+                self.grace.inc(max(g, 0.0))
+
+    def status(self) -> dict[str, Any]:
+        """What /status.json shows, and the books /metrics reads (copied under the lock)."""
+        rt = self.rt
+        with rt.lock:
+            a = rt.acct
+            s = {
+                "run_id": rt.opts.run_id,
+                "epoch": rt.epoch,
+                "shard": rt.opts.shard.index,
+                "shards": rt.opts.shard.count,
+                "rounds": rt.proto.rounds_closed,
+                "versions": list(rt.proto.version),
+                "learners_live": len(rt.sessions),
+                "learners_expected": rt.opts.expect_learners,
+                "tokens": rt.books.total_tokens(),
+                "token_budget": rt.opts.token_budget,
+                **{k: a[k] for k in ("accepted", "refused", "bytes_in", "bytes_out")},
+                "useful_s": a["useful_s"],
+                "restarts": a.get("restarts", 0),
+                "start": a.get("start_at") or a["start"],
+            }
+        elapsed = max(time.time() - s["start"], 1e-9)
+        s["goodput"] = min(s["useful_s"] / (max(s["learners_expected"], 1) * elapsed), 1.0)
+        return s
+
+
+class _Books:
+    """The figures read from the books at each scrape."""
+
+    def __init__(self, m: SyncerMetrics) -> None:
+        self.m = m
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Any:
+        s, p = self.m.status(), "atoll_syncer_"
+        for name, key, what in (
+            ("rounds", "rounds", "rounds closed (merges)"),
+            ("contributions_accepted", "accepted", "contributions accepted"),
+            ("bytes_in", "bytes_in", "contribution bytes taken"),
+            ("bytes_out", "bytes_out", "update bytes sent"),
+            ("useful_seconds", "useful_s", "step-seconds in accepted contributions"),
+            ("tokens", "tokens", "tokens the learners report"),
+        ):
+            yield CounterMetricFamily(p + name, what, value=s[key])
+        yield GaugeMetricFamily(p + "goodput", "useful s / (learners x s)", s["goodput"])
+        yield GaugeMetricFamily(p + "learners_live", "live sessions", s["learners_live"])
+        info = GaugeMetricFamily(p + "info", "this syncer", labels=["epoch", "shard", "shards"])
+        info.add_metric([s["epoch"], str(s["shard"]), str(s["shards"])], 1)
+        yield info
+
+
+class _Handler(BaseHTTPRequestHandler):
+    timeout = TIMEOUT_S  # the socket's: a client that sends nothing is dropped
+    metrics: SyncerMetrics  # set on the subclass `serve` makes
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry))
+        elif path == "/healthz":
+            self._send(200, "text/plain; charset=utf-8", b"ok\n")
+        elif path == "/status.json":
+            body = json.dumps(self.metrics.status(), indent=1).encode()
+            self._send(200, "application/json", body)
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _send(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # no line per request on the syncer's stderr
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, addr: tuple[str, int], handler: type) -> None:
+        super().__init__(addr, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):  # every slot held: closed unanswered
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class HttpEndpoints:
+    """The endpoints on a daemon thread: `port` is the one bound (0 asks for a free one)."""
+
+    def __init__(self, rt: SyncerRuntime, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.metrics = SyncerMetrics(rt)
+        handler = type("Handler", (_Handler,), {"metrics": self.metrics})
+        self.server = _Server((host, port), handler)
+        self.port = self.server.server_address[1]
+        rt.observers.append(self.metrics.observe)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="http-endpoints", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,89 @@
+"""The syncer's HTTP endpoints (atoll.live.syncer.endpoints) against the live syncer service in
+this process: /metrics parses as Prometheus text and agrees with the syncer's own books,
+/healthz answers, /status.json holds no secret, and a client that connects and sends nothing
+does not stop a round from closing."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from atoll.live.syncer.endpoints import HttpEndpoints
+from tests.helpers import SECRET
+from tests.integration.test_reliability_service import _merge_two, _wait
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        return r.status, r.read().decode()
+
+
+def _samples(port: int) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(_get(port, "/metrics")[1]):
+        for s in fam.samples:
+            key = s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items()))
+            out[key] = s.value
+    return out
+
+
+def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
+    service, stub, died, _ = live
+    http = HttpEndpoints(service.runtime, "127.0.0.1", 0)
+    # a client that connects and never sends, opened before the round
+    idle = socket.create_connection(("127.0.0.1", http.port))
+    try:
+        assert http.server.server_address[0] == "127.0.0.1"
+        assert _get(http.port, "/healthz") == (200, "ok\n")
+        streams = _merge_two(service, stub)
+        _wait(lambda: service.proto.rounds_closed >= 1, "a round to close")
+        next(streams[0])  # an update sent: bytes out
+        _wait(lambda: service.runtime.acct["bytes_out"] > 0, "bytes out")
+        m = _samples(http.port)
+        with service.lock:
+            rounds, acct = service.proto.rounds_closed, dict(service.runtime.acct)
+        assert rounds >= 1 and not died
+        assert m["atoll_syncer_rounds_total"] == rounds
+        assert m["atoll_syncer_bytes_in_total"] == acct["bytes_in"] > 0
+        assert m["atoll_syncer_bytes_out_total"] == acct["bytes_out"] > 0
+        assert m["atoll_syncer_contributions_accepted_total"] == acct["accepted"] == 2
+        assert m["atoll_syncer_useful_seconds_total"] == acct["useful_s"]
+        assert m["atoll_syncer_round_latency_seconds_count"] == rounds
+        assert m["atoll_syncer_learners_live"] == 2
+        # goodput: useful seconds over (expected learners x seconds since the start)
+        assert 0 <= m["atoll_syncer_goodput"] <= 1
+        assert (m["atoll_syncer_goodput"] > 0) == (acct["useful_s"] > 0)
+        status, body = _get(http.port, "/status.json")
+        assert status == 200 and SECRET not in body and "secret" not in body.lower()
+        st = json.loads(body)
+        assert st["rounds"] == rounds and st["epoch"] == service.runtime.epoch
+        assert (st["shard"], st["shards"]) == (0, 1)
+        for s in streams:
+            s.cancel()
+    finally:
+        idle.close()
+        http.close()
+
+
+def test_refusals_are_counted_by_reason_and_only_get_is_served(live):
+    service, stub, _, _ = live
+    http = HttpEndpoints(service.runtime, "127.0.0.1", 0)
+    try:
+        from atoll.core.events import Refused
+
+        service.runtime.record(Refused(learner="L9", fragment=0, reason="stale"))
+        service.runtime.record(Refused(learner="L9", fragment=1, reason="stale"))
+        m = _samples(http.port)
+        assert m["atoll_syncer_contributions_refused_total{reason=stale}"] == 2
+        for method, path, code in (("POST", "/metrics", 501), ("GET", "/nothing", 404)):
+            req = urllib.request.Request(f"http://127.0.0.1:{http.port}{path}", method=method)
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                urllib.request.urlopen(req, timeout=5)
+            assert exc.value.code == code
+    finally:
+        http.close()
