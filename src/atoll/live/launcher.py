@@ -94,6 +94,7 @@ class Launcher:
     job: JobConfig
     run_dir: Path
     quiet: bool = False
+    sinks: list = field(default_factory=list)  # atoll.sinks: TensorBoard, W&B
     procs: dict[str, _Proc] = field(default_factory=dict)
 
     @property
@@ -246,9 +247,8 @@ class Launcher:
                 self._spawn(p)
         chaos = list(self.chaos)
         interrupted, failed = False, None
-        view = None if self.quiet else view_for(self.run_dir, self.scfg, self.scfg.learners)
-        if view is not None:
-            view.start()
+        view = view_for(self.run_dir, self.scfg, self.scfg.learners, not self.quiet, self.sinks)
+        view.start()
         spares = False  # warm spares, for a scenario that kills learners
         # one for each learner the scenario kills (their targets are drawn already)
         spare_for = (
@@ -269,8 +269,7 @@ class Launcher:
                 while chaos and t0 is not None and now - t0 >= chaos[0].at:
                     self._inject(chaos.pop(0), now)
                 self._supervise(now)
-                if view is not None:
-                    view.tick(now)
+                view.tick(now)
                 learners = [p for n, p in self.procs.items() if n != "syncer"]
                 if all(p.done for p in learners) and self._syncer_up():
                     break  # (a syncer that is down is restarted first: it writes the result)
@@ -285,11 +284,12 @@ class Launcher:
         except RunError as exc:  # the run cannot go on: stop every process, then say why
             failed = exc
         finally:
-            if view is not None:
-                view.stop()
+            view.stop()
             self._shutdown()
         end = time.time()
         self.events.record("launcher", RunEnded(interrupted=interrupted))
+        if interrupted or failed is not None:
+            view.close_sinks()
         if interrupted:
             raise KeyboardInterrupt
         if failed is not None:
@@ -298,6 +298,7 @@ class Launcher:
 
         summary = summarize(self.run_dir, self.scfg, self.lcfg, start, end)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        view.close_sinks(summary.get("eval_loss"))
         return summary
 
     def _syncer_failed(self, rc: int) -> RunError:

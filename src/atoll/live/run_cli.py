@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue the run already in --out (its syncer restores from snapshot + tape)",
     )
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write the run's figures there")
+    p.add_argument(
+        "--wandb", metavar="PROJECT", help="also log them to Weights & Biases (WANDB_MODE=offline)"
+    )
 
 
 def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) -> int:
@@ -42,7 +46,10 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
             "a new run directory: this one already holds a run (tape/snapshot); "
             "pass --resume to continue that run, or choose another --out",
         )
-    summary = Launcher(job, out, quiet=args.quiet).run()
+    from atoll.sinks import open_sinks
+
+    sinks = open_sinks(args.tensorboard, args.wandb, str(out))  # a missing package stops here
+    summary = Launcher(job, out, quiet=args.quiet, sinks=sinks).run()
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim
 

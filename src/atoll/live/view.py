@@ -156,10 +156,14 @@ class RunView:
         out: Any = None,
         refresh_s: float = 1.0,
         line_every_s: float = 5.0,
+        display: bool = True,
+        sinks: list | None = None,
     ) -> None:
+        """`display` False: nothing on the console (the sinks are still fed)."""
         from rich.console import Console
 
         self.path, self.state = Path(events_path), state
+        self.display, self.sinks = display, list(sinks or [])
         self.console = Console(file=out or sys.stdout)
         self.refresh_s, self.line_every_s = refresh_s, line_every_s
         self._pos, self._rest, self._shown = 0, "", 0.0
@@ -182,7 +186,7 @@ class RunView:
                 continue
 
     def start(self) -> None:
-        if self.console.is_terminal:
+        if self.display and self.console.is_terminal:
             from rich.live import Live
 
             self._live = Live(console=self.console, refresh_per_second=4, transient=False)
@@ -195,21 +199,42 @@ class RunView:
             return
         self._shown = now
         self.poll()
+        self._feed_sinks(now)
         if self._live is not None:
             self._live.update(render(self.state, now))
-        elif self.state.started is not None:
+        elif self.display and self.state.started is not None:
             line = f"[atoll run] {self.state.line(now)}"
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    def _feed_sinks(self, now: float) -> None:
+        if self.sinks and self.state.started is not None:
+            from atoll.sinks import scalars
+
+            values = scalars(self.state, now)
+            for sink in self.sinks:
+                sink.write(self.state.total_tokens(), values)
+
     def stop(self) -> None:
+        """The last figures, to the console and the sinks."""
+        self.poll()
+        self._feed_sinks(time.time())
         if self._live is not None:
-            self.poll()
             self._live.update(render(self.state, time.time()))
             self._live.stop()
             self._live = None
 
+    def close_sinks(self, eval_loss: float | None = None) -> None:
+        """The run's eval loss (once the summary has it) to the sinks, then close them."""
+        for sink in self.sinks:
+            if eval_loss is not None and eval_loss == eval_loss:  # not NaN
+                sink.write(self.state.total_tokens(), {"run/eval_loss": eval_loss})
+            sink.close()
+        self.sinks = []
 
-def view_for(run_dir: Path, scfg: Any, learners: int) -> RunView:
+
+def view_for(
+    run_dir: Path, scfg: Any, learners: int, display: bool = True, sinks: list | None = None
+) -> RunView:
     """The view of a run of the built-in model with settings `scfg` (its token budget, and
     what a data-parallel ring all-reduce of fp32 gradients would send per token)."""
     from atoll.bandwidth.model import allreduce_factor
@@ -220,4 +245,4 @@ def view_for(run_dir: Path, scfg: Any, learners: int) -> RunView:
         allreduce_factor("ring", learners) * plan.nbytes_fp32() / (scfg.batch * scfg.context)
     )
     state = RunState(learners, scfg.token_budget(), per_token)
-    return RunView(Path(run_dir) / "events.jsonl", state)
+    return RunView(Path(run_dir) / "events.jsonl", state, display=display, sinks=sinks)
