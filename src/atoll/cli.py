@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "learner": ("atoll.live.learner_cli", "live learner process training the built-in model"),
     "run": ("atoll.live.run_cli", "local live run: a syncer, N learners, chaos, summary"),
     "demo": ("atoll.live.demo_cli", "a few-minute live demo: 4 learners, one slow, one killed"),
+    "report": ("atoll.report.cli", "one self-contained HTML report (plots) of a run directory"),
 }
 
 

@@ -28,4 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    return run_cli.main(args, DEMO)
+    rc = run_cli.main(args, DEMO)
+    if rc == 0:
+        from atoll.report import try_report
+
+        try_report(run_cli.run_dir(args))  # prints its path, or one warning line
+    return rc

@@ -30,13 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) -> int:
     import json
-    import time
 
     from atoll.config import load_job
     from atoll.live.launcher import Launcher
 
     job = load_job(args.overrides, args.config, defaults)
-    out = args.out or Path("runs") / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out = run_dir(args)
     if not args.resume and any((out / name).exists() for name in ("tape", "snapshot.safetensors")):
         from atoll.errors import ConfigError
 
@@ -62,6 +61,13 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
     if not args.quiet:
         print_summary(summary)
     return 0
+
+
+def run_dir(args: argparse.Namespace) -> Path:
+    """--out, or a new runs/live-<time> (chosen once: `atoll demo` reports on the same one)."""
+    import time
+
+    return args.out or Path("runs") / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def print_summary(s: dict) -> None:

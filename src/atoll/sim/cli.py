@@ -29,9 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         type=Path,
-        help="folder for results.json, events and loss.png (default runs/sim-PRESET-sSEED)",
+        help="folder for results.json, events, loss.png and report.html "
+        "(default runs/sim-PRESET-sSEED)",
     )
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG and report.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
 
@@ -84,4 +85,8 @@ def main(args: argparse.Namespace) -> int:
             f"results: {out / 'results.json'}"
             + ("" if args.no_plot else f"  plot: {out / 'loss.png'}")
         )
+    if not args.no_plot:
+        from atoll.report import try_report
+
+        try_report(out)  # prints its path, or one warning line: never fails the run
     return 0

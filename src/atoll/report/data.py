@@ -1,0 +1,223 @@
+"""A run directory read into plain series for `atoll report`.
+
+Two layouts: a live run (`atoll run`, `atoll demo`, or a hand-started syncer): events.jsonl,
+with summary.json once the launcher has finished; and `atoll sim --out DIR`: results.json (every
+method's loss curve) and events-RUN.jsonl for each Decoupled run. Times on every plot are seconds
+from the stream's first event (wall-clock in a live run, virtual in the simulator).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atoll import metrics
+from atoll.core.events import Event
+from atoll.errors import ConfigError
+from atoll.eventlog import load_events
+
+EXPECTED = "a run directory holding events.jsonl (atoll run / syncer) or results.json (atoll sim)"
+
+
+@dataclass
+class Curve:
+    """Held-out loss of one method against tokens and seconds (one point for a live run)."""
+
+    name: str
+    tokens: list[float]
+    time_s: list[float]
+    loss: list[float]
+
+
+@dataclass
+class RunData:
+    kind: str  # "live" or "sim"
+    run_dir: Path
+    header: dict[str, str]
+    curves: list[Curve] = field(default_factory=list)
+    streams: dict[str, list[Event]] = field(default_factory=dict)  # run name -> its events
+
+
+def read_run(run_dir: str | Path) -> RunData:
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise ConfigError("RUN_DIR", str(d), EXPECTED + "; there is no such directory")
+    try:
+        if (d / "results.json").exists():
+            return _read_sim(d)
+        if (d / "events.jsonl").exists():
+            return _read_live(d)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("RUN_DIR", str(d), f"{EXPECTED}; reading it failed: {exc}") from exc
+    raise ConfigError("RUN_DIR", str(d), EXPECTED + "; it holds neither")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _read_sim(d: Path) -> RunData:
+    result = json.loads((d / "results.json").read_text())
+    runs = result["runs"]
+    curves = [
+        Curve(
+            r["name"],
+            [c["tokens"] for c in r["curve"]],
+            [c["time_s"] for c in r["curve"]],
+            [c["eval_loss"] for c in r["curve"]],
+        )
+        for r in runs
+        if r.get("curve")
+    ]
+    streams = {}
+    for r in runs:
+        path = d / f"events-{r['name']}.jsonl"
+        if path.exists():
+            streams[r["name"]] = load_events(path)
+    main = next((r for r in runs if r["method"] == "decoupled"), runs[0])
+    header = {
+        "run kind": f"sim (atoll sim --preset {result['preset']}, seed {result['seed']})",
+        "runs": ", ".join(f"{r['name']} ({r['method']})" for r in runs),
+        "learners": str(main["settings"].get("learners", 4)),
+        "tokens": f"{main['tokens']:,}",
+        "goodput": f"{100 * main['goodput']:.1f}% ({main['name']})",
+        "rounds": str(main["rounds"]),
+        "bytes up / down": f"{_mb(main['bytes_up'])} / {_mb(main['bytes_down'])}",
+    }
+    return RunData("sim", d, header, curves, streams)
+
+
+def _read_live(d: Path) -> RunData:
+    events = load_events(d / "events.jsonl")
+    s_path = d / "summary.json"
+    s = json.loads(s_path.read_text()) if s_path.exists() else None
+    learners = learner_ids(events)
+    if s is not None:
+        header = {
+            "run kind": "live (summary.json written: the run has ended)",
+            "learners": str(len(learners)),
+            "tokens": f"{s['tokens']:,} of {s['token_budget']:,}",
+            "goodput": f"{100 * s['goodput']:.1f}%",
+            "rounds": str(s["rounds"]),
+            "bytes up / down": f"{_mb(s['bytes_up'])} / {_mb(s['bytes_down'])}",
+            "eval loss": f"{s['eval_loss']:.4f}",
+        }
+    else:  # a hand-started syncer, or a run still going: what the events say so far
+        span = _span(events)
+        stats = metrics.run_stats(events, max(len(learners), 1), span)
+        header = {
+            "run kind": "live (no summary.json: a hand-started syncer or a run still going)",
+            "learners": str(len(learners)),
+            "goodput": f"{100 * stats['goodput']:.1f}% over {span:.0f} s",
+            "rounds": str(stats["rounds"]),
+            "bytes up / down": f"{_mb(stats['merged_bytes_in'])} / "
+            f"{_mb(stats['merged_bytes_out'])}",
+        }
+    curves = []
+    if s is not None and math.isfinite(s.get("eval_loss", math.nan)):
+        curves.append(Curve("live", [s["tokens"]], [s["wall_time_s"]], [s["eval_loss"]]))
+        if "sim_eval_loss" in s:  # --compare-sim: the virtual-time driver's loss, same tokens
+            curves.append(Curve("virtual-time", [s["sim_tokens"]], [], [s["sim_eval_loss"]]))
+    return RunData("live", d, header, curves, {"live": events})
+
+
+# -- series from one event stream ---------------------------------------------------------------
+def learner_ids(events: list[Event]) -> list[str]:
+    ids = {e.data.learner for e in events if e.kind in ("joined", "accepted")}
+    ids |= {p for e in events if e.kind == "round_closed" for p in e.data.participants}
+    return sorted(ids)
+
+
+def _t0(events: list[Event]) -> float:
+    return min((e.t for e in events), default=0.0)
+
+
+def _span(events: list[Event]) -> float:
+    return max(max((e.t for e in events), default=0.0) - _t0(events), 1e-9)
+
+
+def goodput_series(events: list[Event], points: int = 40) -> tuple[list[float], list[float]]:
+    """Goodput so far (atoll.metrics' definition: accepted step-seconds / (learners x time
+    since training began)) at `points` times."""
+    m = max(len(learner_ids(events)), 1)
+    acc = [(e.t, e.data.work_s) for e in events if e.kind == "accepted"]
+    if not acc:
+        return [], []
+    # from the first training step (live), else the first join (sim): as atoll.live.summary
+    starts = [e.t for e in events if e.kind == "training"] or [
+        e.t for e in events if e.kind == "joined"
+    ]
+    start = min(starts, default=_t0(events))
+    end = acc[-1][0]
+    t0 = _t0(events)
+    xs, ys = [], []
+    for i in range(1, points + 1):
+        t = start + (end - start) * i / points
+        useful = sum(w for ta, w in acc if ta <= t)
+        xs.append(t - t0)
+        ys.append(min(useful / max(m * (t - start), 1e-9), 1.0))
+    return xs, ys
+
+
+def rounds(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.kind == "round_closed"]
+
+
+def participation(events: list[Event]) -> tuple[list[str], list[list[int]]]:
+    """Learners (rows) x merged rounds (columns): 1 where the learner's contribution merged."""
+    ids = learner_ids(events)
+    cols = [set(e.data.participants) for e in rounds(events)]
+    return ids, [[int(lid in c) for c in cols] for lid in ids]
+
+
+def round_bytes(events: list[Event]) -> tuple[list[int], list[int]]:
+    """Bytes per merged round: contributions in, the update out."""
+    rs = rounds(events)
+    return [e.data.bytes_in for e in rs], [e.data.bytes_out for e in rs]
+
+
+def staleness(events: list[Event]) -> tuple[list[float], list[float], list[int]]:
+    """Per merged round: its time (s), and the mean and max staleness of its contributions."""
+    t0, xs, mean, top = _t0(events), [], [], []
+    for e in rounds(events):
+        st = list(e.data.staleness) or [0]
+        xs.append(e.t - t0)
+        mean.append(sum(st) / len(st))
+        top.append(max(st))
+    return xs, mean, top
+
+
+# what each marker on the timeline means, by event kind (and chaos action)
+DOWN = ("failed", "crashed", "lost", "chaos")
+UP = ("rejoined", "restarted", "joined", "restored")
+
+
+def timeline(events: list[Event]) -> dict[str, list[tuple[str, float]]]:
+    """Failures and rejoins: 'down' / 'up' -> [(process, seconds)]."""
+    t0 = _t0(events)
+    out: dict[str, list[tuple[str, float]]] = {"down": [], "up": []}
+    for e in events:
+        who = _who(e)
+        if who is None:
+            continue
+        if e.kind in DOWN:
+            out["down"].append((who, e.t - t0))
+        elif e.kind in UP:
+            out["up"].append((who, e.t - t0))
+    return out
+
+
+def _who(e: Event) -> str | None:
+    d: Any = e.data
+    if e.kind in ("chaos", "crashed", "restarted"):
+        return d.process
+    if e.kind in ("joined", "lost"):
+        return d.learner
+    if e.kind in ("failed", "rejoined"):
+        return e.source
+    if e.kind == "restored":
+        return "syncer"
+    return None
