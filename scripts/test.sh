@@ -5,4 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# the status page's test drives a real headless browser (Debian's chromium and its driver)
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[test] installing chromium and chromium-driver (apt) for the status page's test" >&2
+    apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } ||
+      echo "[test] chromium could not be installed: the browser test will say so" >&2
+  fi
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    rc = run_cli.main(args, DEMO)
+    rc = run_cli.main(args, DEMO, page=True)
     if rc == 0:
         from atoll.report import try_report
 

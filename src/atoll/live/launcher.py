@@ -95,6 +95,7 @@ class Launcher:
     run_dir: Path
     quiet: bool = False
     sinks: list = field(default_factory=list)  # atoll.sinks: TensorBoard, W&B
+    http_port: int = 0  # the syncer's status page and /metrics (0: none)
     procs: dict[str, _Proc] = field(default_factory=dict)
 
     @property
@@ -143,7 +144,8 @@ class Launcher:
         auth = ["--run-id", self.run_id, "--secret-file", str(self.secret_path)]
         if kind == "syncer":
             expect = str(self.scfg.learners - len(self.late))
-            return [*base, *auth, "--run-dir", str(self.run_dir), "--expect", expect]
+            http = ["--http-port", str(self.http_port)] if self.http_port else []
+            return [*base, *auth, "--run-dir", str(self.run_dir), "--expect", expect, *http]
         return [
             *base,
             *auth,
@@ -240,6 +242,8 @@ class Launcher:
         t0: float | None = None  # the chaos clock: when training started
         asked = 0.0
         self._say(f"syncer on {self.address}; starting {self.scfg.learners} learners")
+        if self.http_port:
+            self._say(f"status page: http://{self.lcfg.host}:{self.http_port}/ (and /metrics)")
         for i in range(self.scfg.learners):
             p = _Proc(f"L{i}", self._argv("learner", i))
             self.procs[p.name] = p

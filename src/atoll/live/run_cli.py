@@ -24,11 +24,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--tensorboard", metavar="DIR", help="also write the run's figures there")
     p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="the syncer's status page and /metrics on this loopback port (0: none; atoll "
+        "demo: a free port, atoll run: none)",
+    )
+    p.add_argument(
         "--wandb", metavar="PROJECT", help="also log them to Weights & Biases (WANDB_MODE=offline)"
     )
 
 
-def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) -> int:
+def main(
+    args: argparse.Namespace, defaults: dict[str, object] | None = None, page: bool = False
+) -> int:
+    """`page`: the status page on a free port unless --http-port says otherwise (atoll demo)."""
     import json
 
     from atoll.config import load_job
@@ -48,7 +58,12 @@ def main(args: argparse.Namespace, defaults: dict[str, object] | None = None) ->
     from atoll.sinks import open_sinks
 
     sinks = open_sinks(args.tensorboard, args.wandb, str(out))  # a missing package stops here
-    summary = Launcher(job, out, quiet=args.quiet, sinks=sinks).run()
+    http = args.http_port
+    if http is None and page:
+        from atoll.live.launcher import free_port
+
+        http = free_port(job.live.host)
+    summary = Launcher(job, out, quiet=args.quiet, sinks=sinks, http_port=http or 0).run()
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim
 

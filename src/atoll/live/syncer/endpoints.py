@@ -1,5 +1,5 @@
-"""The syncer's read-only HTTP endpoints (`atoll syncer --http-port`): `/metrics` in the
-Prometheus text format, `/healthz`, `/status.json`.
+"""The syncer's read-only HTTP endpoints (`atoll syncer --http-port`): the status page `/`
+(page.py), `/metrics` in the Prometheus text format, `/healthz`, `/status.json`.
 
     atoll_syncer_rounds_total               rounds closed (merges), restarts included
     atoll_syncer_contributions_accepted_total
@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from atoll.core.events import Event, Refused, RoundClosed
+from atoll.core.events import Event, Joined, Lost, Refused, RoundClosed
+from atoll.live.syncer.page import PAGE
 
 if TYPE_CHECKING:
     from atoll.live.syncer.runtime import SyncerRuntime
@@ -45,6 +47,8 @@ MAX_CLIENTS = 16
 TIMEOUT_S = 5.0
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 MAX_REASONS = 32  # refusal reasons kept as labels; the rest count as "other"
+RECENT_ROUNDS = 60  # rounds on the status page's participation strip
+RECENT_MARKS = 50  # failures (lost) and (re)joins listed on it
 
 
 class SyncerMetrics:
@@ -67,6 +71,8 @@ class SyncerMetrics:
         self.grace = Counter(p + "grace_seconds", "grace waits", registry=self.registry)
         self._reasons: set[str] = set()
         self.registry.register(_Books(self))
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_ROUNDS)  # the page's strip
+        self.marks: deque[dict[str, Any]] = deque(maxlen=RECENT_MARKS)  # failures, rejoins
 
     def observe(self, e: Event) -> None:
         match e.data:
@@ -79,6 +85,12 @@ class SyncerMetrics:
                 self.latency.observe(max(q, 0.0) + max(g, 0.0))
                 self.quorum.inc(max(q, 0.0))
                 self.grace.inc(max(g, 0.0))
+                d = e.data
+                self.recent.append({"fragment": d.fragment, "participants": list(d.participants)})
+            case Lost(learner=lid):
+                self.marks.append({"t": e.t, "kind": "lost", "learner": lid})
+            case Joined(learner=lid):
+                self.marks.append({"t": e.t, "kind": "joined", "learner": lid})
 
     def status(self) -> dict[str, Any]:
         """What /status.json shows, and the books /metrics reads (copied under the lock)."""
@@ -100,6 +112,18 @@ class SyncerMetrics:
                 "useful_s": a["useful_s"],
                 "restarts": a.get("restarts", 0),
                 "start": a.get("start_at") or a["start"],
+                "learners": [
+                    {
+                        "id": lid,
+                        "incarnation": sess.incarnation,
+                        "age_s": round(time.time() - sess.last_seen, 2),
+                        "tokens": int(a["tokens"].get(f"{lid}/{sess.incarnation}", 0)),
+                    }
+                    for lid, sess in sorted(rt.sessions.items())
+                ],  # fmt: skip
+                "quiet_after_s": rt.opts.lost_after_s / 2,  # the page turns an age red past it
+                "recent_rounds": list(self.recent),
+                "marks": list(self.marks),
             }
         elapsed = max(time.time() - s["start"], 1e-9)
         s["goodput"] = min(s["useful_s"] / (max(s["learners_expected"], 1) * elapsed), 1.0)
@@ -139,7 +163,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
-        if path == "/metrics":
+        if path in ("/", "/index.html"):
+            self._send(200, "text/html; charset=utf-8", PAGE.encode())
+        elif path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry))
         elif path == "/healthz":
             self._send(200, "text/plain; charset=utf-8", b"ok\n")

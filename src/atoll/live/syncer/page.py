@@ -1,0 +1,92 @@
+"""The syncer's status page (`/` of `atoll syncer --http-port`): one self-contained HTML file,
+no external resource, that reads `/status.json` every second and draws the learners (heartbeat
+ages turn red when a learner goes quiet), the run's figures, goodput and tokens over time,
+a learner x round participation strip, and the failures and rejoins the syncer saw. Live runs
+evaluate the loss once, on the final model (the run's summary and `atoll report` show it)."""
+
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>atoll syncer</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
+text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}
+.quiet{background:#f8d0d0;color:#900}.ok{color:#070}
+canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
+#figs span{margin-right:1.4em}
+</style></head><body>
+<h2>atoll syncer <small id="who"></small></h2>
+<div id="figs"></div>
+<h3>Learners</h3>
+<table id="learners"><thead><tr><th>learner</th><th>incarnation</th><th>heartbeat age</th>
+<th>tokens</th></tr></thead><tbody></tbody></table>
+<h3>Goodput and tokens over time</h3>
+<canvas id="goodput" width="420" height="160"></canvas>
+<canvas id="tokens" width="420" height="160"></canvas>
+<h3>Participation: learner x round (newest right)</h3>
+<canvas id="strip" width="840" height="120"></canvas>
+<h3>Failures and rejoins</h3><ul id="marks"></ul>
+<p><small>Loss: a live run evaluates the final model (the run's summary, atoll report).</small></p>
+<script>
+const hist = [];
+function chart(id, key, fmt) {
+  const c = document.getElementById(id), g = c.getContext('2d');
+  g.fillStyle = '#fff'; g.fillRect(0, 0, c.width, c.height);
+  g.fillStyle = '#222'; g.font = '12px sans-serif'; g.fillText(key, 6, 14);
+  if (hist.length < 2) return;
+  const t0 = hist[0].t, t1 = hist[hist.length - 1].t;
+  const ys = hist.map(h => h[key]), top = Math.max(...ys, 1e-9);
+  g.strokeStyle = '#1f77b4'; g.lineWidth = 2; g.beginPath();
+  hist.forEach((h, i) => {
+    const x = 6 + (c.width - 12) * (h.t - t0) / Math.max(t1 - t0, 1e-9);
+    const y = c.height - 6 - (c.height - 26) * h[key] / top;
+    i ? g.lineTo(x, y) : g.moveTo(x, y);
+  });
+  g.stroke(); g.fillText(fmt(ys[ys.length - 1]), c.width - 90, 14);
+}
+function strip(s) {
+  const c = document.getElementById('strip'), g = c.getContext('2d');
+  g.fillStyle = '#fff'; g.fillRect(0, 0, c.width, c.height);
+  const ids = [...new Set([...s.learners.map(l => l.id),
+                           ...s.recent_rounds.flatMap(r => r.participants)])].sort();
+  const rows = Math.max(ids.length, 1), n = Math.max(s.recent_rounds.length, 1);
+  const h = (c.height - 4) / rows, w = (c.width - 60) / n;
+  g.font = '11px sans-serif';
+  ids.forEach((id, j) => { g.fillStyle = '#222'; g.fillText(id, 2, 4 + h * j + h * .7); });
+  s.recent_rounds.forEach((r, i) => r.participants.forEach(p => {
+    g.fillStyle = '#2ca02c';
+    g.fillRect(58 + i * w, 2 + h * ids.indexOf(p), Math.max(w - 1, 1), h - 2);
+  }));
+}
+async function tick() {
+  try {
+    const s = await (await fetch('status.json', {cache: 'no-store'})).json();
+    document.getElementById('who').textContent =
+      `run ${s.run_id}, shard ${s.shard}/${s.shards}, epoch ${s.epoch}`;
+    const budget = s.token_budget ? ` / ${s.token_budget.toLocaleString()}` : '';
+    document.getElementById('figs').innerHTML =
+      `<span>rounds <b id="rounds">${s.rounds}</b></span>` +
+      `<span>learners live <b>${s.learners_live}</b> of ${s.learners_expected}</span>` +
+      `<span>tokens <b>${s.tokens.toLocaleString()}</b>${budget}</span>` +
+      `<span>goodput <b>${(100 * s.goodput).toFixed(1)}%</b></span>` +
+      `<span>bytes in/out <b>${(s.bytes_in / 1e6).toFixed(2)} / ` +
+      `${(s.bytes_out / 1e6).toFixed(2)} MB</b></span>` +
+      `<span>refused <b>${s.refused}</b></span>`;
+    const body = document.querySelector('#learners tbody');
+    body.innerHTML = s.learners.map(l => {
+      const quiet = l.age_s > s.quiet_after_s;
+      return `<tr class="${quiet ? 'quiet' : ''}"><td>${l.id}</td><td>${l.incarnation}</td>` +
+             `<td class="${quiet ? '' : 'ok'}">${l.age_s.toFixed(1)} s</td>` +
+             `<td>${l.tokens.toLocaleString()}</td></tr>`;
+    }).join('');
+    document.getElementById('marks').innerHTML = s.marks.slice().reverse().map(m =>
+      `<li>${new Date(m.t * 1000).toLocaleTimeString()} ${m.kind} ${m.learner}</li>`).join('');
+    hist.push({t: Date.now() / 1000, goodput: s.goodput, tokens: s.tokens});
+    if (hist.length > 600) hist.shift();
+    chart('goodput', 'goodput', v => (100 * v).toFixed(1) + '%');
+    chart('tokens', 'tokens', v => v.toLocaleString());
+    strip(s);
+  } catch (e) { document.getElementById('who').textContent = 'unreachable: ' + e; }
+}
+tick(); setInterval(tick, 1000);
+</script></body></html>
+"""

@@ -1,0 +1,97 @@
+"""The syncer's status page in a real browser: headless Chromium (Debian's chromium and
+chromedriver; scripts/test.sh installs them) opens `/` of a syncer with two learners training,
+finds both in the learner table, sees a value update, and the charts drawn; a screenshot is
+saved in the test's directory. `/metrics`, `/status.json` and `/healthz` are in
+tests/integration/test_http_endpoints.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import RUN, SECRET, syncer_process
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "ATOLL_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
+SETS = ["--set", "learners=2", "--set", "steps=400"]
+INK = """const c = document.getElementById(arguments[0]), d = c.getContext('2d')
+  .getImageData(0, 0, c.width, c.height).data; let n = 0;
+for (let i = 0; i < d.length; i += 4) if (d[i] < 250 || d[i + 1] < 250 || d[i + 2] < 250) n++;
+return n;"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _browser():
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.fail("chromium and chromedriver are needed (scripts/test.sh installs them as root)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,1000"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+
+
+def test_the_status_page_shows_the_learners_live_in_a_browser(tmp_path):
+    http = _free_port()
+    proc, addr = syncer_process(tmp_path, ["--http-port", str(http), *SETS], ENV, ROOT)
+    learners = []
+    driver = None
+    try:
+        for i in range(2):
+            cmd = [sys.executable, "-m", "atoll.cli", "learner", *SETS, "--syncer", addr,
+                   "--index", str(i), "--run-id", RUN]  # fmt: skip
+            log = open(tmp_path / f"L{i}.log", "wb")  # noqa: SIM115 - the process writes it
+            learners.append(subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=log))
+        driver = _browser()
+        driver.get(f"http://127.0.0.1:{http}/")
+
+        def rows() -> list[str]:  # read in the page (it redraws every second)
+            return driver.execute_script(
+                "return [...document.querySelectorAll('#learners tbody tr')].map(r => r.innerText)"
+            )
+
+        def rounds() -> str:
+            return driver.execute_script(
+                "const e = document.getElementById('rounds'); return e ? e.textContent : ''"
+            )
+
+        until = time.time() + 120
+        while len(rows()) < 2 or rounds() in ("", "0"):
+            assert time.time() < until, driver.page_source[-2000:]
+            time.sleep(0.5)
+        assert {r.split()[0] for r in rows()} == {"L0", "L1"}
+        first = rounds()
+        while rounds() == first:  # a value updates
+            assert time.time() < until
+            time.sleep(0.5)
+        time.sleep(2.5)  # a few polls: the time charts have points
+        for canvas in ("goodput", "tokens", "strip"):
+            assert driver.execute_script(INK, canvas) > 100, canvas  # drawn, not blank
+        driver.save_screenshot(str(tmp_path / "status_page.png"))
+        assert (tmp_path / "status_page.png").stat().st_size > 10_000
+        assert SECRET not in driver.page_source
+    finally:
+        if driver is not None:
+            driver.quit()
+        for p in learners:
+            p.kill()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
