@@ -197,14 +197,19 @@ class RunView:
         every = self.refresh_s if self._live is not None else self.line_every_s
         if now - self._shown < every:
             return
-        self._shown = now
         self.poll()
+        if self.state.started is None:
+            return  # nothing to show before training starts: ask again at the next tick
+        self._shown = now
         self._feed_sinks(now)
         if self._live is not None:
             self._live.update(render(self.state, now))
-        elif self.display and self.state.started is not None:
-            line = f"[atoll run] {self.state.line(now)}"
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        elif self.display:
+            self._print_line(now)
+
+    def _print_line(self, now: float) -> None:
+        line = f"[atoll run] {self.state.line(now)}"
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _feed_sinks(self, now: float) -> None:
         if self.sinks and self.state.started is not None:
@@ -222,6 +227,8 @@ class RunView:
             self._live.update(render(self.state, time.time()))
             self._live.stop()
             self._live = None
+        elif self.display and self.state.started is not None:
+            self._print_line(time.time())  # the last figures, also on a pipe
 
     def close_sinks(self, eval_loss: float | None = None) -> None:
         """The run's eval loss (once the summary has it) to the sinks, then close them."""
