@@ -84,6 +84,9 @@ def parse_args() -> argparse.Namespace:
     add("--no-pin", action="store_true", help="do not pin the syncer and clients to CPUs")
     add("--syncer-env", action="append", default=[], help="KEY=VALUE for the syncer (malloc)")
     add("--set", dest="sets", action="append", default=[], help="a syncer setting KEY=VALUE")
+    add("--http-port", type=int, default=0, help="the syncer's status page and /metrics")
+    add("--page-poll-s", type=float, default=0.0, help="with --http-port: read the page as a "
+        "browser does, /status.json this often (and /metrics every 5 s)")  # fmt: skip
     add("--out", type=Path, default=HERE / "results" / "load.json")
     add("--plot", type=Path, default=HERE / "results" / "load.png")
     args = ap.parse_args()
@@ -181,6 +184,7 @@ def start_syncer(args: argparse.Namespace, run_dir: Path, env: dict, cpus: list[
 
     cmd = [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir)]
     cmd += ["--shards", str(args.shards)] if args.shards > 1 else []
+    cmd += ["--http-port", str(args.http_port)] if args.http_port else []
     cmd += ["--run-id", "load", "--no-budget"] + [
         x for s in syncer_sets(args) for x in ("--set", s)
     ]
@@ -227,6 +231,24 @@ def progress(tail: Tail, rows: list, t0: float, last: list) -> None:
     last[:] = [c["round_closed"], now]
 
 
+def poll_page(args: argparse.Namespace, done: threading.Event) -> None:
+    """What an open status page costs the syncer: `/` once, `/status.json` every
+    --page-poll-s seconds (the page's own refresh), `/metrics` every 5 s (a Prometheus scrape)."""
+    import urllib.request
+
+    base = f"http://127.0.0.1:{args.http_port}"
+    urllib.request.urlopen(base + "/", timeout=5).read()
+    last_scrape = 0.0
+    while not done.wait(args.page_poll_s):
+        try:
+            urllib.request.urlopen(base + "/status.json", timeout=5).read()
+            if time.time() - last_scrape >= 5.0:
+                last_scrape = time.time()
+                urllib.request.urlopen(base + "/metrics", timeout=5).read()
+        except OSError:
+            continue
+
+
 def main() -> int:
     args = parse_args()
     children: list[subprocess.Popen] = []
@@ -253,6 +275,8 @@ def run(args: argparse.Namespace, children: list) -> int:
     children.append(proc)
     sampler = Sampler(pids)
     sampler.start()
+    if args.http_port and args.page_poll_s > 0:
+        threading.Thread(target=poll_page, args=(args, sampler.done), daemon=True).start()
     print(f"syncer pid {proc.pid} (shards {pids}) at {addr}, run dir {run_dir}", flush=True)
     base = {
         "address": addr, "run_id": "load", "step_s": args.step_s, "vanish_s": args.vanish_s,
