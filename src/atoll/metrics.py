@@ -52,7 +52,12 @@ def useful_work(events: Iterable[Event]) -> float:
 
 
 def goodput(events: Iterable[Event], learners: int, window_s: float) -> float:
-    return min(useful_work(events) / max(learners * window_s, 1e-9), 1.0)
+    return goodput_of(useful_work(events), learners, window_s)
+
+
+def goodput_of(useful_s: float, learners: int, window_s: float) -> float:
+    """Goodput from the useful step-seconds (`useful_work`) of `learners` over `window_s`."""
+    return min(useful_s / max(learners * window_s, 1e-9), 1.0)
 
 
 def _total(events: Iterable[Event], kind: str, field: str) -> float:

@@ -35,7 +35,7 @@ Memory: `keep - 1` frames per fragment, nothing in full once warm.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -90,9 +90,11 @@ class History:
         """Fragment p's versions (None for a fragment index out of range)."""
         return _Versions(self, p) if 0 <= p < len(self.held_v) else None
 
-    def holds_all(self, versions: Sequence[int]) -> bool:
-        """Every fragment's given version is still held (one version per fragment)."""
-        return all(v in self.held_v[p] for p, v in enumerate(versions))
+    def holds_all(self, versions: Sequence[int], fragments: Iterable[int] | None = None) -> bool:
+        """Every fragment's given version is still held (one version per fragment; of
+        `fragments` only, when given: a shard's)."""
+        ps = range(len(versions)) if fragments is None else fragments
+        return all(versions[p] in self.held_v[p] for p in ps)
 
     def value(self, p: int, v: int) -> torch.Tensor:
         """Fragment p's public value of version v, exact (frames only, `full_every = 0`:

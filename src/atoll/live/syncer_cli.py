@@ -58,8 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--http-port",
         type=int,
         default=0,
-        help="serve /metrics (Prometheus), /healthz and /status.json on this port (default 0: "
-        "off); with --shards, shard i serves on HTTP_PORT+i",
+        help="serve the status page (/), /metrics (Prometheus), /healthz and /status.json on "
+        "this port (default 0: off); with --shards, shard i serves on HTTP_PORT+i",
     )
     p.add_argument(
         "--http-host",

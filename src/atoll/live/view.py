@@ -30,11 +30,14 @@ class LearnerRow:
     tokens_per_s: float = 0.0
     last: str = "-"  # fragment@version of the newest update applied
     staleness: int | None = None  # in the newest round it took part in
-    rejoins: int = 0
+    heals: int = 0  # the first is its join; each later one a rejoin
     up: int = 0
     down: int = 0
     _prev: tuple[float, int] | None = None  # (time, tokens) of the step report before
-    _heals: int = 0
+
+    @property
+    def rejoins(self) -> int:
+        return max(self.heals - 1, 0)
 
 
 @dataclass
@@ -45,7 +48,7 @@ class RunState:
     token_budget: int = 0
     dp_bytes_per_token: float = 0.0  # a data-parallel ring all-reduce's bytes per token
     rows: dict[str, LearnerRow] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
+    useful_s: float = 0.0  # metrics.useful_work of the events so far, summed as they come
     rounds: int = 0
     participants: list[int] = field(default_factory=list)  # of the newest rounds
     started: float | None = None  # the first training step
@@ -56,9 +59,10 @@ class RunState:
         return self.rows.setdefault(learner, LearnerRow())
 
     def feed(self, e: Event) -> None:
-        self.events.append(e)
         d, kind = e.data, e.kind
-        if kind == "step":
+        if kind == "accepted":
+            self.useful_s += d.work_s
+        elif kind == "step":
             r = self.row(e.source)
             if r._prev is not None and e.t > r._prev[0] and d.tokens >= r._prev[1]:
                 r.tokens_per_s = (d.tokens - r._prev[1]) / (e.t - r._prev[0])
@@ -72,9 +76,7 @@ class RunState:
             self.started = e.t if self.started is None else min(self.started, e.t)
             self.row(e.source).state = "training"
         elif kind == "healed":
-            r = self.row(e.source)
-            r._heals += 1
-            r.rejoins = max(r._heals - 1, 0)
+            self.row(e.source).heals += 1
         elif kind == "applied":
             self.row(e.source).last = f"{d.fragment}@{d.version}"
         elif kind == "round_closed":
@@ -98,7 +100,7 @@ class RunState:
     def goodput(self, now: float) -> float | None:
         if self.started is None or now <= self.started:
             return None
-        return metrics.goodput(self.events, self.learners, now - self.started)
+        return metrics.goodput_of(self.useful_s, self.learners, now - self.started)
 
     def bytes_ratio(self) -> tuple[int, float]:
         """(bytes on the wire both ways, data-parallel's bytes for the same tokens)."""

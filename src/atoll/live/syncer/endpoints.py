@@ -39,6 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from atoll.core.events import Event, Joined, Lost, Refused, RoundClosed
 from atoll.live.syncer.page import PAGE
+from atoll.threads import guarded
 
 if TYPE_CHECKING:
     from atoll.live.syncer.runtime import SyncerRuntime
@@ -207,7 +208,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class HttpEndpoints:
-    """The endpoints on a daemon thread: `port` is the one bound (0 asks for a free one)."""
+    """The endpoints on a daemon thread: `port` is the one bound (0 asks for a free one).
+    A request that raises is the server's to answer (it logs it and goes on); the thread
+    itself dying takes the syncer down loudly, as its other threads do (atoll.threads)."""
 
     def __init__(self, rt: SyncerRuntime, host: str = "127.0.0.1", port: int = 0) -> None:
         self.metrics = SyncerMetrics(rt)
@@ -215,9 +218,7 @@ class HttpEndpoints:
         self.server = _Server((host, port), handler)
         self.port = self.server.server_address[1]
         rt.observers.append(self.metrics.observe)
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, name="http-endpoints", daemon=True
-        )
+        self._thread = guarded("http-endpoints", self.server.serve_forever, rt.thread_died)
         self._thread.start()
 
     def close(self) -> None:

@@ -298,11 +298,12 @@ class SyncerRuntime:
 
     def start_threads(self) -> None:
         for fn in (self._timer_loop, self._reaper_loop, self._snapshot_loop):
-            t = guarded(fn.__name__, fn, self._thread_died)
+            t = guarded(fn.__name__, fn, self.thread_died)
             t.start()
             self._threads.append(t)
 
-    def _thread_died(self, name: str, exc: BaseException) -> None:
+    def thread_died(self, name: str, exc: BaseException) -> None:
+        """A background thread of this syncer raised: recorded, and the process exits."""
         self.fatal(ThreadDied(thread=name, error=repr(exc)[:500]), EXIT_THREAD_DIED)
 
     def close_streams(self) -> None:
