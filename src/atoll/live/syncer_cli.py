@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from atoll.live.common import add_auth_arguments, add_config_arguments
 
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from atoll.core.shards import ShardSpec
     from atoll.live.syncer import SyncerService
     from atoll.live.syncer.endpoints import HttpEndpoints
+    from atoll.live.syncer.evaluation import LiveEvaluation
+    from atoll.live.view import RunView
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +69,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the address the HTTP endpoints bind (default loopback; 0.0.0.0 for every one)",
     )
     p.add_argument("--events", type=Path, help="event log (default: RUN_DIR/events.jsonl)")
+    p.add_argument(
+        "--eval-from",
+        metavar="MODULE:FUNCTION",
+        help="a function returning a custom model's evaluation, callable(params by name) -> "
+        "held-out loss, called on the global model while the run goes (the built-in model is "
+        "evaluated without it; the eval setting false: never)",
+    )
+    p.add_argument(
+        "--view",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto (default): the run live on a terminal, a plain line every few seconds when "
+        "stdout is not one; off: neither",
+    )
     p.add_argument(
         "--expect", type=int, default=-1, help="learners that start together (default: learners)"
     )
@@ -122,6 +138,7 @@ def main(args: argparse.Namespace) -> int:
         events.close()
         print(f"atoll syncer: error: {restore_hint(run_dir, str(exc))}", file=sys.stderr)
         return EXIT_STORE
+    evaluation = _evaluation(args, job, service, shard)
     http = _http(args, service, shard)  # before the gRPC port: a taken port stops it here
     port = service.start()
     addr = f"{job.live.host}:{port}"
@@ -141,8 +158,14 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    view = _view(args, job, service, plan, http, events.path)
+    if evaluation is not None:
+        evaluation.start()
     while not done.wait(0.5):
-        pass
+        if view is not None:
+            view.tick()
+    if view is not None:
+        view.stop()
     if http is not None:
         http.close()
     service.stop(final_dir=run_dir)
@@ -168,6 +191,58 @@ def _http(
     http = HttpEndpoints(service.runtime, args.http_host, port)
     print(f"atoll syncer: metrics on http://{args.http_host}:{http.port}/metrics", flush=True)
     return http
+
+
+def _evaluation(
+    args: argparse.Namespace, job: Any, service: SyncerService, shard: ShardSpec | None
+) -> LiveEvaluation | None:
+    """The global model's held-out loss while the run goes (syncer/evaluation.py): the built-in
+    model's, or --eval-from's; none for a shard (it holds only its own fragments)."""
+    from atoll.errors import ConfigError
+    from atoll.live.syncer.evaluation import LiveEvaluation, builtin_evaluate, custom_evaluate
+
+    if args.eval_from and shard is not None:
+        raise ConfigError("eval-from", args.eval_from, "the whole model: not with --shard")
+    if not job.live.eval or shard is not None:
+        return None
+    if args.eval_from:
+        fn = custom_evaluate(args.eval_from)
+    elif not (args.init or args.init_from):
+        fn = builtin_evaluate(job.sim)
+    else:
+        return None  # a custom model with no evaluation given
+    return LiveEvaluation(service.runtime, fn, job.sim.eval_points, job.live.eval_every_s)
+
+
+def _view(
+    args: argparse.Namespace,
+    job: Any,
+    service: SyncerService,
+    plan: FragmentPlan,
+    http: HttpEndpoints | None,
+    events: Path | None,
+) -> RunView | None:
+    """The run as this syncer sees it (live/view.py): its event log, and its learners' beats."""
+    if args.view == "off" or events is None:
+        return None
+    from atoll.live.syncer.endpoints import SyncerMetrics
+    from atoll.live.view import view_for
+
+    rt = service.runtime
+    learners = rt.opts.expect_learners
+    view = view_for(args.run_dir, job.sim, learners, plan=plan, events=events)
+    metrics = http.metrics if http is not None else SyncerMetrics(rt)
+    if args.init or args.init_from:
+        view.state.dp_bytes_per_token = 0.0  # a custom model's tokens per step are not known
+    view.title = "atoll syncer" + (f" {rt.opts.shard.label}" if rt.opts.shard.count > 1 else "")
+
+    def hear(state: Any, now: float) -> None:
+        s = metrics.status()
+        state.heard(s["learners"], now, s["quiet_after_s"])
+
+    view.hear = hear
+    view.start()
+    return view
 
 
 def _start(args: argparse.Namespace, scfg: SimConfig) -> tuple[FragmentPlan, list[torch.Tensor]]:

@@ -116,12 +116,34 @@ def _read_live(d: Path) -> RunData:
             "bytes up / down": f"{_mb(stats['merged_bytes_in'])} / "
             f"{_mb(stats['merged_bytes_out'])}",
         }
-    curves = []
+    curves = [live_curve(events, s)] if s is not None or _evals(events) else []
     if s is not None and math.isfinite(s.get("eval_loss", math.nan)):
-        curves.append(Curve("live", [s["tokens"]], [s["wall_time_s"]], [s["eval_loss"]]))
         if "sim_eval_loss" in s:  # --compare-sim: the virtual-time driver's loss, same tokens
             curves.append(Curve("virtual-time", [s["sim_tokens"]], [], [s["sim_eval_loss"]]))
     return RunData("live", d, header, curves, {"live": events})
+
+
+def _evals(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.kind == "evaluated"]
+
+
+def live_curve(events: list[Event], summary: dict[str, Any] | None) -> Curve:
+    """The global model's held-out loss as the syncer evaluated it while the run went
+    (`evaluated` events), then the final model's from the summary, where it has one."""
+    t0, evals = _t0(events), _evals(events)
+    c = Curve(
+        "live",
+        [e.data.tokens for e in evals],
+        [e.t - t0 for e in evals],
+        [e.data.eval_loss for e in evals],
+    )
+    s = summary or {}
+    if math.isfinite(s.get("eval_loss", math.nan)):
+        end = max((e.t for e in events if e.kind == "accepted"), default=t0 + s["wall_time_s"])
+        c.tokens.append(s["tokens"])
+        c.time_s.append(end - t0)
+        c.loss.append(s["eval_loss"])
+    return c
 
 
 # -- series from one event stream ---------------------------------------------------------------

@@ -83,6 +83,7 @@ class _Shard:
         (self.dir / "syncer.addr").unlink(missing_ok=True)
         argv = [*base, "--shard", f"{self.index}/{self.count}", "--run-dir", str(self.dir)]
         argv += ["--events", str(events), *(["--set", f"port={self.port}"] if self.port else [])]
+        argv += ["--view", "off"]  # the set's view is the supervisor's
         self.popen = subprocess.Popen(argv, preexec_fn=die_with_parent)
 
     def address(self) -> str | None:
