@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from atoll.core.shards import ShardSpec
     from atoll.live.syncer import SyncerService
     from atoll.live.syncer.endpoints import HttpEndpoints
-    from atoll.live.syncer.evaluation import LiveEvaluation
+    from atoll.live.syncer.evaluation import Evaluate, LiveEvaluation
     from atoll.live.view import RunView
 
 
@@ -76,6 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "held-out loss, called on the global model while the run goes (the built-in model is "
         "evaluated without it; the eval setting false: never)",
     )
+    p.add_argument("--eval-parts", action="store_true", help=argparse.SUPPRESS)  # set's shards
     p.add_argument(
         "--view",
         choices=("auto", "off"),
@@ -113,7 +114,8 @@ def main(args: argparse.Namespace) -> int:
     run_dir: Path = args.run_dir
     if shard is None and count > 1:  # the whole shard set, as child processes
         del init
-        return shard_set.run(args, job, count)
+        view = _set_view(args, job, plan, args.events or run_dir / "events.jsonl")
+        return shard_set.run(args, job, count, evaluate_for(args, job), view)
     if shard is not None:
         shard_set.claim(run_dir, identity(plan, shard, args.run_id))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -196,22 +198,51 @@ def _http(
 def _evaluation(
     args: argparse.Namespace, job: Any, service: SyncerService, shard: ShardSpec | None
 ) -> LiveEvaluation | None:
-    """The global model's held-out loss while the run goes (syncer/evaluation.py): the built-in
-    model's, or --eval-from's; none for a shard (it holds only its own fragments)."""
-    from atoll.errors import ConfigError
-    from atoll.live.syncer.evaluation import LiveEvaluation, builtin_evaluate, custom_evaluate
+    """The global model's held-out loss while the run goes (syncer/evaluation.py). A shard of
+    a set writes its part of each point for the set's supervisor to evaluate (shard_eval.py);
+    a shard on its own host evaluates nothing."""
+    from atoll.live.syncer.evaluation import LiveEvaluation
+    from atoll.live.syncer.shard_eval import part_dir
 
-    if args.eval_from and shard is not None:
-        raise ConfigError("eval-from", args.eval_from, "the whole model: not with --shard")
-    if not job.live.eval or shard is not None:
+    points, every_s = job.sim.eval_points, job.live.eval_every_s
+    if shard is not None:
+        if not (args.eval_parts and job.live.eval):
+            return None
+        budget = 0 if args.no_budget else job.sim.token_budget()  # every shard hears the tokens
+        return LiveEvaluation(
+            service.runtime, None, points, every_s, part_dir(args.run_dir), budget
+        )
+    fn = evaluate_for(args, job)
+    return None if fn is None else LiveEvaluation(service.runtime, fn, points, every_s)
+
+
+def evaluate_for(args: argparse.Namespace, job: Any) -> Evaluate | None:
+    """The evaluation function of this run's model: the built-in one's, --eval-from's, or none
+    (a custom model without --eval-from, or the eval setting false)."""
+    from atoll.live.syncer.evaluation import builtin_evaluate, custom_evaluate
+
+    if not job.live.eval:
         return None
     if args.eval_from:
-        fn = custom_evaluate(args.eval_from)
-    elif not (args.init or args.init_from):
-        fn = builtin_evaluate(job.sim)
-    else:
-        return None  # a custom model with no evaluation given
-    return LiveEvaluation(service.runtime, fn, job.sim.eval_points, job.live.eval_every_s)
+        return custom_evaluate(args.eval_from)
+    return None if (args.init or args.init_from) else builtin_evaluate(job.sim)
+
+
+def _set_view(
+    args: argparse.Namespace, job: Any, plan: FragmentPlan, events: Path, learners: int = -1
+) -> RunView | None:
+    """A view of the run from `events` (live/view.py), unless --view off: a shard set's, from
+    what its shards (and local learners) write."""
+    if args.view == "off":
+        return None
+    from atoll.live.view import view_for
+
+    expect = learners if learners >= 0 else (job.sim.learners if args.expect < 0 else args.expect)
+    view = view_for(args.run_dir, job.sim, expect, plan=plan, events=events)
+    if args.init or args.init_from:
+        view.state.dp_bytes_per_token = 0.0  # a custom model's tokens per step are not known
+    view.title = "atoll syncer (shards)"
+    return view
 
 
 def _view(
@@ -222,18 +253,14 @@ def _view(
     http: HttpEndpoints | None,
     events: Path | None,
 ) -> RunView | None:
-    """The run as this syncer sees it (live/view.py): its event log, and its learners' beats."""
-    if args.view == "off" or events is None:
-        return None
+    """The run as this syncer sees it: its event log, and its learners' beats."""
     from atoll.live.syncer.endpoints import SyncerMetrics
-    from atoll.live.view import view_for
 
     rt = service.runtime
-    learners = rt.opts.expect_learners
-    view = view_for(args.run_dir, job.sim, learners, plan=plan, events=events)
+    view = None if events is None else _set_view(args, job, plan, events, rt.opts.expect_learners)
+    if view is None:
+        return None
     metrics = http.metrics if http is not None else SyncerMetrics(rt)
-    if args.init or args.init_from:
-        view.state.dp_bytes_per_token = 0.0  # a custom model's tokens per step are not known
     view.title = "atoll syncer" + (f" {rt.opts.shard.label}" if rt.opts.shard.count > 1 else "")
 
     def hear(state: Any, now: float) -> None:

@@ -9,8 +9,12 @@ batches, or a custom model's function (`atoll syncer --eval-from MODULE:FUNCTION
 
 The values are copied under the runtime's lock (one copy of the model); the evaluation runs
 on its own guarded thread with no lock held, so rounds go on meanwhile. An evaluation that
-raises is recorded once as a `thread_died`-free warning line and the run goes on without
-evaluations: a user's evaluation function must not stop the run.
+raises is reported once on stderr and the run goes on without evaluations: a user's
+evaluation function must not stop the run.
+
+A shard holds only its own fragments: at each point it writes them (`part_dir`/point-K) and
+the shard set's supervisor evaluates the model once every shard's part of point K is there
+(shard_eval.py).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,21 +43,33 @@ class LiveEvaluation:
     budget (or every `every_s` seconds without one), on a guarded thread."""
 
     def __init__(
-        self, rt: SyncerRuntime, evaluate: Evaluate, points: int, every_s: float = 60.0
+        self,
+        rt: SyncerRuntime,
+        evaluate: Evaluate | None,
+        points: int,
+        every_s: float = 60.0,
+        part_dir: Path | None = None,
+        budget: int | None = None,
     ) -> None:
-        self.rt, self.evaluate = rt, evaluate
-        budget = rt.opts.token_budget
+        """`evaluate` None and `part_dir`: a shard's, writing its part of each point;
+        `budget`: the run's token budget (default the syncer's: 0 on a shard but the home)."""
+        self.rt, self.evaluate, self.part_dir = rt, evaluate, part_dir
+        budget = rt.opts.token_budget if budget is None else budget
         self.points = EvalPoints(budget, points) if budget > 0 and points > 0 else None
         self.every_s = every_s
         self._last = time.time()
+        self.point = 0  # the newest point reached (its index: k of n, or the k-th period)
         self._thread: threading.Thread | None = None
         self.failed: str | None = None
 
     def due(self, now: float) -> bool:
         if self.points is not None:
-            return self.points.due(self.rt.books.total_tokens()) > 0
+            passed = self.points.due(self.rt.books.total_tokens())
+            self.point += passed
+            return passed > 0
         if self.every_s > 0 and now - self._last >= self.every_s:
             self._last = now
+            self.point += 1
             return True
         return False
 
@@ -65,15 +82,16 @@ class LiveEvaluation:
         with rt.lock:
             params = {k: v.detach().clone() for k, v in rt.proto.global_params().items()}
             tokens, rounds = rt.books.total_tokens(), rt.proto.rounds_closed
-        t0 = time.perf_counter()
-        try:
-            loss = float(self.evaluate(params))
-        except Exception as exc:  # a user's function: reported, and the run goes on
-            self.failed = repr(exc)[:500]
-            print(f"atoll syncer: evaluation failed, no more live evaluations: {self.failed}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+        if self.evaluate is None:
+            try:
+                if self.part_dir is not None:
+                    write_part(self.part_dir, self.point, params, tokens, rounds, rt)
+            except OSError as exc:  # a full disk: this point is skipped, the next tried
+                print(f"atoll syncer: evaluation part not written: {exc}", file=sys.stderr)
             return None
-        e = Evaluated(tokens, rounds, loss, round(time.perf_counter() - t0, 4))
+        e = evaluated(self, params, tokens, rounds)
+        if e is None:
+            return None
         rt.record(e)
         return e
 
@@ -85,6 +103,21 @@ class LiveEvaluation:
     def start(self) -> None:
         self._thread = guarded("live-evaluation", self._loop, self.rt.thread_died)
         self._thread.start()
+
+
+def evaluated(owner: Any, params: dict, tokens: int, rounds: int) -> Evaluated | None:
+    """`owner.evaluate(params)` (a LiveEvaluation, or a set's: shard_eval.py) as an
+    `evaluated` record, or None when it raised: reported once on stderr, and `owner.failed`
+    set (its evaluations end; the run goes on)."""
+    t0 = time.perf_counter()
+    try:
+        loss = float(owner.evaluate(params))
+    except Exception as exc:  # a user's function: reported, and the run goes on
+        owner.failed = repr(exc)[:500]
+        print(f"atoll syncer: evaluation failed, no more live evaluations: {owner.failed}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
+    return Evaluated(tokens, rounds, loss, round(time.perf_counter() - t0, 4))
 
 
 def builtin_evaluate(scfg: object) -> Evaluate:
@@ -106,3 +139,17 @@ def custom_evaluate(spec: str) -> Evaluate:
     if not callable(fn):
         raise ConfigError("eval-from", spec, "a function returning a callable(params) -> loss")
     return fn
+
+
+def write_part(
+    part_dir: Path, point: int, params: dict, tokens: int, rounds: int, rt: SyncerRuntime
+) -> None:
+    """A shard's own fragments' values at point `point` (written whole, then renamed)."""
+    from safetensors.torch import save_file
+
+    mine = {n for p in rt.proto.served for n in rt.plan.fragments[p].names}
+    part_dir.mkdir(parents=True, exist_ok=True)
+    tmp = part_dir / f"point-{point}.safetensors.tmp"
+    meta = {"tokens": str(tokens), "rounds": str(rounds), "point": str(point)}
+    save_file({k: v.contiguous() for k, v in params.items() if k in mine}, str(tmp), meta)
+    tmp.replace(part_dir / f"point-{point}.safetensors")

@@ -94,11 +94,17 @@ class _Shard:
         return addr
 
 
-def run(args: Any, job: Any, count: int) -> int:
+def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None) -> int:
+    """The set: its shards started and supervised; `evaluate`: the model's evaluation, at the
+    points every shard writes its part of (shard_eval.py); `view`: the set's live view."""
+    from atoll.eventlog import EventLog
+    from atoll.live.syncer.shard_eval import SetEvaluation
+
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     events = args.events or run_dir / "events.jsonl"
     base = [sys.executable, "-m", "atoll.cli", *_strip(args._argv)]
+    base += ["--eval-parts"] if evaluate is not None else []
     port = job.live.port
     shards = [_Shard(i, count, run_dir, port + i if port else 0) for i in range(count)]
     done = threading.Event()
@@ -117,17 +123,33 @@ def run(args: Any, job: Any, count: int) -> int:
     tmp.write_text(",".join(addrs))  # type: ignore[arg-type]
     tmp.replace(run_dir / "syncer.addr")
     print(f"atoll syncer: {count} shards on {','.join(addrs)}, run dir {run_dir}", flush=True)
-    rc = _supervise(shards, base, events, done)
+    log = EventLog(events)
+    evaluation = SetEvaluation(run_dir, count, evaluate, log) if evaluate is not None else None
+    if evaluation is not None:
+        evaluation.start()
+    if view is not None:
+        view.start()
+    rc = _supervise(shards, base, events, done, view)
     _stop(shards)
+    if evaluation is not None:
+        evaluation.stop()
+        evaluation.once()  # a point the shards wrote as they stopped
+    if view is not None:
+        view.stop()
+    log.close()
     combine(run_dir, count)
     return rc
 
 
-def _supervise(shards: list[_Shard], base: list[str], events: Path, done: threading.Event) -> int:
+def _supervise(
+    shards: list[_Shard], base: list[str], events: Path, done: threading.Event, view: Any = None
+) -> int:
     """Restart a shard that died (on its port, from its tape) until the set is told to end; a
     shard that cannot restore its state ends the set (restarting cannot help)."""
     down: dict[int, float] = {}
     while not done.wait(0.1):
+        if view is not None:
+            view.tick()
         for sh in shards:
             rc = sh.popen.poll() if sh.popen else None
             if rc is None:
