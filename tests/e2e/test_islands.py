@@ -142,6 +142,9 @@ def test_islands_of_mixed_sizes_run_and_one_whose_rank_is_killed_rejoins(tmp_pat
     assert s["lost_committed_rounds"] == 0 and s["tokens"] >= s["token_budget"], s
     healed = [e for e in events if e["kind"] == "healed" and e["source"] == "L1"]
     assert len(healed) == 2, healed  # its first start, and the island started again
+    # the island's size is in the stream (the live view's ranks column): L0 alone, L1 of 2
+    ranks = {e["source"]: e["data"]["island"] for e in events if e["kind"] == "training"}
+    assert ranks == {"L0": 1, "L1": 2}, ranks
 
 
 def test_the_hugging_face_example_trains_in_an_island(tmp_path):

@@ -34,7 +34,7 @@ from atoll import metrics
 from atoll.config import SimConfig
 from atoll.core import codec
 from atoll.core.codec import ContributionEncoder
-from atoll.core.events import Event, Failed, Reconnected, Rejoined, Sent
+from atoll.core.events import Evaluated, Event, Failed, Reconnected, Rejoined, Sent
 from atoll.core.fragments import make_plan
 from atoll.core.learner import Boundary, HealRequest, LearnerProtocol, Phase
 from atoll.core.messages import (
@@ -333,6 +333,9 @@ class DecoupledSim:
             self.curve += [
                 {"tokens": self.tokens, "time_s": now, "eval_loss": loss} for _ in range(due)
             ]
+            # in the stream too, as a live syncer says it (an evaluation takes no virtual time)
+            done = Evaluated(self.tokens, self.syncer.rounds_closed, loss, 0.0)
+            self.events.append(Event(now, "syncer", done))
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
