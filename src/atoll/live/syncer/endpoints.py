@@ -87,7 +87,9 @@ class SyncerMetrics:
                 self.quorum.inc(max(q, 0.0))
                 self.grace.inc(max(g, 0.0))
                 d = e.data
-                self.recent.append({"fragment": d.fragment, "participants": list(d.participants)})
+                self.recent.append(
+                    {"t": e.t, "fragment": d.fragment, "participants": list(d.participants)}
+                )
             case Lost(learner=lid):
                 self.marks.append({"t": e.t, "kind": "lost", "learner": lid})
             case Joined(learner=lid):
