@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 import urllib.request
 
@@ -17,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.live.launcher import free_port
-from tests.e2e.test_shards import ENV, ROOT, SETS, _learner, _shard_pid, end_set
+from tests.e2e.test_shards import ENV, ROOT, SETS, _learner, _shard_pid, _syncer_cli, end_set
 from tests.e2e.test_status_page import _browser
 from tests.helpers import syncer_process
 
@@ -142,3 +143,16 @@ def test_the_set_page_sums_its_shards_shows_a_killed_one_down_and_ends_as_its_bo
     assert sum(books["tokens"].values()) == st["tokens"]
     assert books["useful_s"] == pytest.approx(st["useful_s"])
     assert books["versions"] == st["versions"] and min(st["versions"]) > 0
+
+
+def test_an_http_port_in_use_stops_the_set_with_one_line_before_any_shard_starts(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = _syncer_cli("--run-dir", str(tmp_path / "r"), "--shards", "2", "--http-port",
+                          str(port))  # fmt: skip
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert f"http-port={port}" in lines[0] and "in use" in lines[0]
+    assert not (tmp_path / "r" / "shard-0").exists()  # no shard was started

@@ -167,7 +167,10 @@ def _http(
     port = args.http_port
     if not 0 < port < 65536:
         raise ConfigError("http-port", args.http_port, "a port in [1, 65535]")
-    http = HttpEndpoints(service.runtime, args.http_host, port)
+    try:
+        http = HttpEndpoints(service.runtime, args.http_host, port)
+    except OSError as exc:  # in use, or an address this host does not have
+        raise ConfigError("http-port", port, f"a free port ({exc.strerror})") from None
     print(f"atoll syncer: metrics on http://{args.http_host}:{http.port}/metrics", flush=True)
     return http
 

@@ -151,7 +151,10 @@ def _endpoints(args: Any, shards: list[_Shard], on_death: Any) -> Any:
         why = f"a port in [1, {top}] (the {n} shards serve theirs on the ports after it)"
         raise ConfigError("http-port", args.http_port, why)
     ports = [sh.http_port for sh in shards]
-    page = ShardSetEndpoints(args.http_host, args.http_port, ports, on_death)
+    try:
+        page = ShardSetEndpoints(args.http_host, args.http_port, ports, on_death)
+    except OSError as exc:  # in use, or an address this host does not have
+        raise ConfigError("http-port", args.http_port, f"a free port ({exc.strerror})") from None
     where = f"http://{args.http_host}:{page.port}"
     print(f"atoll syncer: the shard set's status page on {where}/, metrics on {where}/metrics "
           f"(shard i's own on port {args.http_port}+1+i)", flush=True)  # fmt: skip
