@@ -4,10 +4,13 @@ The model is built from a config (nothing downloaded): a small Llama whose outpu
 to its token embedding, on bytes (vocabulary 256) of the Python standard library's sources.
 
     atoll syncer --init-from examples.hf_causal_lm:build_model --run-dir runs/hf \\
+        --eval-from examples.hf_causal_lm:build_eval \\
         --set P=4 --set H=4 --no-budget                    # from the repository root
     python examples/hf_causal_lm.py --syncer 127.0.0.1:PORT --learner-id L0
 
-The syncer starts from `build_model()` (the embeddings are found in the model itself); every
+The syncer starts from `build_model()` (the embeddings are found in the model itself), and
+evaluates its global model with `build_eval()` while the run goes (every `eval_every_s`
+seconds without a budget: the status page's loss chart, the view, the report); every
 learner builds the same model (seeded), so none downloads it when it joins. The secret comes
 from ATOLL_SECRET or --secret-file.
 
@@ -47,6 +50,22 @@ def build_model(seed: int = 0) -> torch.nn.Module:
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
+
+
+def build_eval(batches: int = 4, batch: int = 8) -> object:
+    """The syncer's evaluation of the global model (--eval-from): the mean next-token loss on
+    fixed held-out windows (the last tenth of the corpus, which no learner trains on)."""
+    held_out = ByteCorpus(load_stdlib_corpus(1_000_000)).eval_batches(batches, batch, CONTEXT, 7)
+    model = build_model()
+
+    @torch.no_grad()
+    def evaluate(params: dict[str, torch.Tensor]) -> float:
+        for name, p in model.named_parameters():  # as the syncer names them (the tied head
+            p.copy_(params[name])  # is the embedding's one tensor)
+        model.eval()
+        return sum(float(model(input_ids=x, labels=x).loss) for x, _ in held_out) / batches
+
+    return evaluate
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from atoll.eventlog import load_events
 from atoll.live.client import status
 from tests.helpers import RUN, SECRET, syncer_process
 
@@ -25,8 +26,9 @@ STEPS = 80
 
 def test_the_example_trains_a_transformers_model_through_its_syncer(tmp_path):
     env = {**os.environ, "ATOLL_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
-    sets = ["P=4", "H=4", "learners=1", "snapshot_every_s=60"]
+    sets = ["P=4", "H=4", "learners=1", "snapshot_every_s=60", "eval_every_s=2"]
     argv = ["--init-from", "examples.hf_causal_lm:build_model", "--no-budget"]
+    argv += ["--eval-from", "examples.hf_causal_lm:build_eval"]  # the global model's loss
     proc, addr = syncer_process(tmp_path, argv + [x for s in sets for x in ("--set", s)], env, ROOT)
     try:
         cmd = [sys.executable, "examples/hf_causal_lm.py", "--syncer", addr, "--run-id", RUN,
@@ -42,3 +44,7 @@ def test_the_example_trains_a_transformers_model_through_its_syncer(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+    # the syncer evaluated its global model every 2 s with the example's function: it fell
+    evals = [e.data for e in load_events(tmp_path / "events.jsonl") if e.kind == "evaluated"]
+    assert len(evals) >= 2, evals
+    assert evals[-1].eval_loss < evals[0].eval_loss - 0.5, evals  # from ~ln 256 = 5.5

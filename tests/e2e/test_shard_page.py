@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from atoll.eventlog import read_events
 from atoll.live.launcher import free_port
 from tests.e2e.test_shards import ENV, ROOT, SETS, _learner, _shard_pid, _syncer_cli, end_set
 from tests.e2e.test_status_page import _browser
@@ -135,6 +136,15 @@ def test_the_set_page_sums_its_shards_shows_a_killed_one_down_and_ends_as_its_bo
             assert sum(per_shard) == st[key], (name, per_shard, st[key])
             assert per_shard == [r[key] for r in st["shards"]]
         assert m[("atoll_syncer_tokens_total", "0")] == st["tokens"]  # the home shard's
+        # the whole model's evaluations are the supervisor's (no shard evaluates): the page's
+        # loss chart has those in the set's event stream, /metrics the latest
+        evaluated = [e["data"] for e in read_events(tmp_path / "events.jsonl")
+                     if e["kind"] == "evaluated"]  # fmt: skip
+        assert st["evals"] and len(st["evals"]) <= len(evaluated)
+        losses = [e["eval_loss"] for e in evaluated]
+        assert [e["loss"] for e in st["evals"]] == losses[: len(st["evals"])]
+        text = _get(http, "/metrics")[0]
+        assert f"atoll_syncer_eval_loss {float(st['evals'][-1]['loss'])!r}" in text, text[-800:]
     finally:
         end_set(proc, learners)
     books = json.loads((tmp_path / "syncer_final.json").read_text())

@@ -7,6 +7,7 @@ tests/integration/test_http_endpoints.py."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,9 +25,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "ATOLL_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
 SETS = ["--set", "learners=2", "--set", "steps=400"]
+# pixels in colour on a canvas: the lines, dots and cells drawn (its label is grey, not counted)
 INK = """const c = document.getElementById(arguments[0]), d = c.getContext('2d')
   .getImageData(0, 0, c.width, c.height).data; let n = 0;
-for (let i = 0; i < d.length; i += 4) if (d[i] < 250 || d[i + 1] < 250 || d[i + 2] < 250) n++;
+for (let i = 0; i < d.length; i += 4)
+  if (Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 60) n++;
 return n;"""
 
 
@@ -83,7 +86,16 @@ def test_the_status_page_shows_the_learners_live_in_a_browser(tmp_path):
             assert time.time() < until
             time.sleep(0.5)
         time.sleep(2.5)  # a few polls: the time charts have points
-        for canvas in ("goodput", "tokens", "strip"):
+
+        def evals() -> int:
+            return driver.execute_script("return document.getElementById('lossnote')"
+                                         ".textContent === '' ? 1 : 0")  # fmt: skip
+
+        while not evals():  # the syncer's first held-out evaluation, at 1/8 of the budget
+            assert time.time() < until, driver.page_source[-2000:]
+            time.sleep(0.5)
+        time.sleep(1.5)
+        for canvas in ("goodput", "tokens", "strip", "loss"):
             assert driver.execute_script(INK, canvas) > 100, canvas  # drawn, not blank
         driver.save_screenshot(str(tmp_path / "status_page.png"))
         assert (tmp_path / "status_page.png").stat().st_size > 10_000
@@ -94,4 +106,7 @@ def test_the_status_page_shows_the_learners_live_in_a_browser(tmp_path):
         for p in learners:
             p.kill()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        out = proc.communicate(timeout=60)[0].decode()
+    # `atoll syncer` with stdout on a pipe: its plain view lines, every few seconds
+    lines = [ln for ln in out.splitlines() if ln.startswith("[atoll syncer] tokens")]
+    assert lines and re.search(r"rounds [1-9]\d* .*eval \d+\.\d{4} at", lines[-1]), out[-3000:]

@@ -43,10 +43,13 @@ def test_the_view_renders_a_row_per_learner_under_a_terminal(tmp_path):
     assert proc.wait(30) == 0, out[-3000:]
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
     assert "learner" in text and "staleness" in text and "tokens/s" in text, text[-3000:]
-    rows = re.findall(r"│ (L[01]) +│ (\w+) +│ +(\d+) │", text)
+    rows = re.findall(r"│ (L[01]) +│ (\w+) +│ +(\d+) │ +(\d+) │", text)  # learner state ranks step
     assert {r[0] for r in rows} == {"L0", "L1"}, text[-3000:]
-    assert max(int(r[2]) for r in rows) > 0  # the steps moved while it ran
-    assert "rounds" in text and "goodput" in text and "eval loss" in text
+    assert {r[2] for r in rows} == {"1"}  # one rank each (no islands here)
+    assert max(int(r[3]) for r in rows) > 0  # the steps moved while it ran
+    assert "rounds" in text and "goodput" in text
+    # the global model's held-out loss while the run went (the syncer evaluates it)
+    assert re.search(r"eval loss \(global model, held out\): \d+\.\d{4} at [\d,]+ tokens", text)
 
 
 def test_plain_lines_when_stdout_is_a_pipe(tmp_path):
@@ -56,3 +59,4 @@ def test_plain_lines_when_stdout_is_a_pipe(tmp_path):
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("[atoll run] tokens")]
     assert lines, res.stdout[-3000:]
     assert re.search(r"rounds \d+ .*goodput", lines[-1]) and "\x1b[" not in res.stdout
+    assert re.search(r"eval \d+\.\d{4} at [\d,]+ tokens", lines[-1]), lines[-1]

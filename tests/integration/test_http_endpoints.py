@@ -42,7 +42,8 @@ def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
         assert _get(http.port, "/healthz") == (200, "ok\n")
         streams = _merge_two(service, stub)
         _wait(lambda: service.proto.rounds_closed >= 1, "a round to close")
-        next(streams[0])  # an update sent: bytes out
+        next(streams[0])  # the update sent to both: bytes out, settled before the scrape
+        next(streams[1])
         _wait(lambda: service.runtime.acct["bytes_out"] > 0, "bytes out")
         m = _samples(http.port)
         with service.lock:

@@ -8,6 +8,16 @@ from hypothesis import strategies as st
 from atoll.core.merge import merge_flat, merge_fragment
 
 
+def test_one_lightly_weighted_outer_gradient_beside_zero_ones_is_not_a_cancellation():
+    theta = torch.tensor([3.0, -2.0])
+    values = [theta.clone(), theta - torch.tensor([50.0, 20.0])]  # the first: outer gradient 0
+    w = [1.0, 4.688549373364356e-22]  # a hypothesis find: normalized, the second is ~5e-22
+    ref = torch.cat(merge_fragment([[theta - v] for v in values], w, False, "rda"))
+    got = merge_flat(theta, values, w, [2], False)
+    assert float(ref.abs().max()) > 0
+    torch.testing.assert_close(got, ref, rtol=2e-6, atol=0.0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 300), min_size=1, max_size=4),

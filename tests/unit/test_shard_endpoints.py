@@ -85,3 +85,16 @@ def test_the_home_shard_never_answered_the_others_start_and_figures_serve():
     out = combine(_shards(None, s1), {1: s1}, now=1010.0)
     assert out["rounds"] == 10 and out["epoch"] == "e1"
     assert out["goodput"] == pytest.approx(5.0 / (2 * 5.0))
+
+
+def test_the_sets_evaluations_and_a_spent_budget_end_the_goodput_window_at_the_last_contribution():
+    s0 = _status(0, finished=True, last_accepted=1006.0, useful_s=3.0, evals=[])
+    s1 = _status(1, finished=False, last_accepted=1008.0, useful_s=5.0)
+    evals = [{"t": 1007.0, "tokens": 4000, "rounds": 30, "loss": 3.25}]
+    out = combine(_shards(s0, s1), {0: s0, 1: s1}, now=1050.0, evals=evals)
+    # the home shard says the budget is spent: the window is 1000 to 1008, not to now
+    assert out["goodput"] == pytest.approx(8.0 / (2 * 8.0))
+    assert out["evals"] == evals  # the supervisor's, not the home shard's (none)
+    s0["finished"] = False
+    out = combine(_shards(s0, s1), {0: s0, 1: s1}, now=1050.0)
+    assert out["goodput"] == pytest.approx(8.0 / (2 * 50.0)) and out["evals"] == []

@@ -42,7 +42,11 @@ class LiveConfig:
     # restart activates it instead of starting Python and torch again (seconds on a busy host)
     warm_spares: bool = True
     max_wall_s: float = 900.0
+    # held-out evaluations: the final model's in the summary, and the syncer's global model's
+    # while the run goes (at model.eval_points fractions of the budget; without a budget,
+    # every eval_every_s seconds)
     eval: bool = True
+    eval_every_s: float = 60.0
     # ranks per built-in learner: an island of N processes under torchrun (DDP inside, rank 0
     # talks to the syncer); one number, or one per learner ("1,2": mixed hardware)
     island_size: str = "1"
@@ -80,6 +84,8 @@ class LiveConfig:
             raise ConfigError("shards", self.shards, "an integer >= 1 (at most the fragments)")
         if self.max_learners < 1:
             raise ConfigError("max_learners", self.max_learners, "an integer >= 1")
+        if not self.eval_every_s > 0:
+            raise ConfigError("eval_every_s", self.eval_every_s, "a number > 0 (seconds)")
         if self.pace_s < 0:
             raise ConfigError("pace_s", self.pace_s, "a number >= 0 (seconds per step)")
         if self.wait_s < 0 or self.restart_delay_s < 0:

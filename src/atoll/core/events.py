@@ -168,6 +168,7 @@ class Rejoined(Record):
 class Training(Record):
     incarnation: str
     since_start_s: float
+    island: int = 1  # ranks training as this learner (an island of N processes)
 
 
 @_kind("step")
@@ -254,6 +255,16 @@ class Restored(Record):
     rounds_closed: int
     versions: list
     lost_committed_rounds: int
+
+
+@_kind("evaluated")
+class Evaluated(Record):
+    """The global model's held-out loss, taken by the syncer while the run goes."""
+
+    tokens: int  # the run's tokens when the values were taken
+    rounds: int
+    eval_loss: float
+    eval_s: float  # how long the evaluation took
 
 
 @_kind("snapshot")

@@ -164,9 +164,12 @@ def _rda(theta, values, w, start, end, d, acc, out) -> None:
     coef = [wi / n if n > 0 else 0.0 for wi, n in zip(w, norms, strict=True)]
     dn = _weighted_sum(theta, values, coef, start, end, d, acc, out) ** 0.5
     seg = out[start:end]
-    # directions that cancel (the unit vectors' weights sum to 1: dn is in [0, 1]); a float64
-    # residue of ~1e-16 from summing in another order is 0 in the reference too
-    if dn <= _CANCELLED:
+    # directions that cancel: dn is at most the weight of the non-zero outer gradients (their
+    # unit vectors' weights), and a float64 residue of ~1e-16 of it from summing in another
+    # order is 0 in the reference too; relative to that weight, not to 1, so that one lightly
+    # weighted outer gradient beside zero ones is not taken for a cancellation
+    live = sum(wi for wi, n in zip(w, norms, strict=True) if n > 0)
+    if dn <= _CANCELLED * live:
         seg.zero_()
     else:
         seg.mul_(radius / dn)

@@ -145,7 +145,8 @@ class Launcher:
         if kind == "syncer":
             expect = str(self.scfg.learners - len(self.late))
             http = ["--http-port", str(self.http_port)] if self.http_port else []
-            return [*base, *auth, "--run-dir", str(self.run_dir), "--expect", expect, *http]
+            run = ["--run-dir", str(self.run_dir), "--expect", expect, "--view", "off"]
+            return [*base, *auth, *run, *http]  # the launcher shows the run itself
         return [
             *base,
             *auth,

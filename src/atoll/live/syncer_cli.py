@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from atoll.live.common import add_auth_arguments, add_config_arguments
 
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from atoll.core.shards import ShardSpec
     from atoll.live.syncer import SyncerService
     from atoll.live.syncer.endpoints import HttpEndpoints
+    from atoll.live.syncer.evaluation import Evaluate, LiveEvaluation
+    from atoll.live.view import RunView
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +71,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--events", type=Path, help="event log (default: RUN_DIR/events.jsonl)")
     p.add_argument(
+        "--eval-from",
+        metavar="MODULE:FUNCTION",
+        help="a function returning a custom model's evaluation, callable(params by name) -> "
+        "held-out loss, called on the global model while the run goes (the built-in model is "
+        "evaluated without it; the eval setting false: never)",
+    )
+    p.add_argument("--eval-parts", action="store_true", help=argparse.SUPPRESS)  # set's shards
+    p.add_argument(
+        "--view",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto (default): the run live on a terminal, a plain line every few seconds when "
+        "stdout is not one; off: neither",
+    )
+    p.add_argument(
         "--expect", type=int, default=-1, help="learners that start together (default: learners)"
     )
 
@@ -98,7 +115,8 @@ def main(args: argparse.Namespace) -> int:
     run_dir: Path = args.run_dir
     if shard is None and count > 1:  # the whole shard set, as child processes
         del init
-        return shard_set.run(args, job, count)
+        view = _set_view(args, job, plan, args.events or run_dir / "events.jsonl")
+        return shard_set.run(args, job, count, evaluate_for(args, job), view)
     if shard is not None:
         shard_set.claim(run_dir, identity(plan, shard, args.run_id))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -123,6 +141,7 @@ def main(args: argparse.Namespace) -> int:
         events.close()
         print(f"atoll syncer: error: {restore_hint(run_dir, str(exc))}", file=sys.stderr)
         return EXIT_STORE
+    evaluation = _evaluation(args, job, service, shard)
     http = _http(args, service, shard)  # before the gRPC port: a taken port stops it here
     port = service.start()
     addr = f"{job.live.host}:{port}"
@@ -142,8 +161,14 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    view = _view(args, job, service, plan, http, events.path)
+    if evaluation is not None:
+        evaluation.start()
     while not done.wait(0.5):
-        pass
+        if view is not None:
+            view.tick()
+    if view is not None:
+        view.stop()
     if http is not None:
         http.close()
     service.stop(final_dir=run_dir)
@@ -173,6 +198,83 @@ def _http(
         raise ConfigError("http-port", port, f"a free port ({exc.strerror})") from None
     print(f"atoll syncer: metrics on http://{args.http_host}:{http.port}/metrics", flush=True)
     return http
+
+
+def _evaluation(
+    args: argparse.Namespace, job: Any, service: SyncerService, shard: ShardSpec | None
+) -> LiveEvaluation | None:
+    """The global model's held-out loss while the run goes (syncer/evaluation.py). A shard of
+    a set writes its part of each point for the set's supervisor to evaluate (shard_eval.py);
+    a shard on its own host evaluates nothing."""
+    from atoll.live.syncer.evaluation import LiveEvaluation
+    from atoll.live.syncer.shard_eval import part_dir
+
+    points, every_s = job.sim.eval_points, job.live.eval_every_s
+    if shard is not None:
+        if not (args.eval_parts and job.live.eval):
+            return None
+        budget = 0 if args.no_budget else job.sim.token_budget()  # every shard hears the tokens
+        return LiveEvaluation(
+            service.runtime, None, points, every_s, part_dir(args.run_dir), budget
+        )
+    fn = evaluate_for(args, job)
+    return None if fn is None else LiveEvaluation(service.runtime, fn, points, every_s)
+
+
+def evaluate_for(args: argparse.Namespace, job: Any) -> Evaluate | None:
+    """The evaluation function of this run's model: the built-in one's, --eval-from's, or none
+    (a custom model without --eval-from, or the eval setting false)."""
+    from atoll.live.syncer.evaluation import builtin_evaluate, custom_evaluate
+
+    if not job.live.eval:
+        return None
+    if args.eval_from:
+        return custom_evaluate(args.eval_from)
+    return None if (args.init or args.init_from) else builtin_evaluate(job.sim)
+
+
+def _set_view(
+    args: argparse.Namespace, job: Any, plan: FragmentPlan, events: Path, learners: int = -1
+) -> RunView | None:
+    """A view of the run from `events` (live/view.py), unless --view off: a shard set's, from
+    what its shards (and local learners) write."""
+    if args.view == "off":
+        return None
+    from atoll.live.view import view_for
+
+    expect = learners if learners >= 0 else (job.sim.learners if args.expect < 0 else args.expect)
+    view = view_for(args.run_dir, job.sim, expect, plan=plan, events=events)
+    if args.init or args.init_from:
+        view.state.dp_bytes_per_token = 0.0  # a custom model's tokens per step are not known
+    view.title = "atoll syncer (shards)"
+    return view
+
+
+def _view(
+    args: argparse.Namespace,
+    job: Any,
+    service: SyncerService,
+    plan: FragmentPlan,
+    http: HttpEndpoints | None,
+    events: Path | None,
+) -> RunView | None:
+    """The run as this syncer sees it: its event log, and its learners' beats."""
+    from atoll.live.syncer.endpoints import SyncerMetrics
+
+    rt = service.runtime
+    view = None if events is None else _set_view(args, job, plan, events, rt.opts.expect_learners)
+    if view is None:
+        return None
+    metrics = http.metrics if http is not None else SyncerMetrics(rt)
+    view.title = "atoll syncer" + (f" {rt.opts.shard.label}" if rt.opts.shard.count > 1 else "")
+
+    def hear(state: Any, now: float) -> None:
+        s = metrics.status()
+        state.heard(s["learners"], now, s["quiet_after_s"])
+
+    view.hear = hear
+    view.start()
+    return view
 
 
 def _start(args: argparse.Namespace, scfg: SimConfig) -> tuple[FragmentPlan, list[torch.Tensor]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from atoll.core.events import Event
 @dataclass
 class LearnerRow:
     state: str = "starting"
+    ranks: int = 1  # the island's size
     step: int = 0
     tokens: int = 0
     tokens_per_s: float = 0.0
@@ -54,27 +56,49 @@ class RunState:
     started: float | None = None  # the first training step
     wire: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     tokens: dict[tuple[str, str], int] = field(default_factory=dict)
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (tokens, held-out loss)
+    last_accepted: float | None = None  # the end of the training window, once it is over
 
     def row(self, learner: str) -> LearnerRow:
         return self.rows.setdefault(learner, LearnerRow())
+
+    def _tokens(self, lid: str, incarnation: str, t: float, tokens: int) -> LearnerRow:
+        """A learner incarnation's tokens at time `t` (a step report, or a beat the syncer
+        heard), and its rate since the one before."""
+        r = self.row(lid)
+        if r._prev is not None and t > r._prev[0] and tokens >= r._prev[1]:
+            r.tokens_per_s = (tokens - r._prev[1]) / (t - r._prev[0])
+        r._prev = (t, tokens)
+        r.tokens = tokens
+        self.tokens[(lid, incarnation)] = tokens
+        return r
+
+    def heard(self, learners: list[dict[str, Any]], now: float, quiet_s: float) -> None:
+        """What a syncer hears of its learners (their beats: tokens, the age of the last),
+        for a syncer whose event log holds no learner's step reports (learners elsewhere)."""
+        for x in learners:
+            r = self._tokens(x["id"], x["incarnation"], now, int(x["tokens"]))
+            r.state = "quiet" if x["age_s"] > quiet_s else "training"
+        if self.started is None and learners:
+            self.started = now
 
     def feed(self, e: Event) -> None:
         d, kind = e.data, e.kind
         if kind == "accepted":
             self.useful_s += d.work_s
+            self.last_accepted = e.t
+        elif kind == "evaluated":
+            self.evals.append((d.tokens, d.eval_loss))
         elif kind == "step":
-            r = self.row(e.source)
-            if r._prev is not None and e.t > r._prev[0] and d.tokens >= r._prev[1]:
-                r.tokens_per_s = (d.tokens - r._prev[1]) / (e.t - r._prev[0])
-            r._prev = (e.t, d.tokens)
-            r.step, r.tokens, r.state = d.step, d.tokens, "training"
-            self.tokens[(e.source, d.incarnation)] = d.tokens
+            r = self._tokens(e.source, d.incarnation, e.t, d.tokens)
+            r.step, r.state = d.step, "training"
             if d.wire_up is not None:
                 self.wire[(e.source, d.incarnation)] = (d.wire_up, d.wire_down or 0)
                 r.up, r.down = d.wire_up, d.wire_down or 0
         elif kind == "training":
             self.started = e.t if self.started is None else min(self.started, e.t)
-            self.row(e.source).state = "training"
+            r = self.row(e.source)
+            r.state, r.ranks = "training", d.island
         elif kind == "healed":
             self.row(e.source).heals += 1
         elif kind == "applied":
@@ -114,36 +138,45 @@ class RunState:
         per = sum(self.participants) / len(self.participants) if self.participants else 0.0
         live = sum(1 for r in self.rows.values() if r.state == "training")
         budget = f"/{self.token_budget:,}" if self.token_budget else ""
+        dp_mb = f"{dp / 1e6:.0f} MB" if self.dp_bytes_per_token else "-"
         return (
             f"tokens {self.total_tokens():,}{budget}  rounds {self.rounds}  "
             f"learners/round {per:.2f}  training {live}/{self.learners}  "
             f"goodput {'-' if g is None else f'{g:.1%}'}  "
-            f"wire {wire / 1e6:.1f} MB (data-parallel {dp / 1e6:.0f} MB)"
+            f"wire {wire / 1e6:.1f} MB (data-parallel {dp_mb})  eval {self.eval_text()}"
         )
 
+    def eval_text(self) -> str:
+        """The latest held-out loss of the global model, and the tokens it was taken at."""
+        if not self.evals:
+            return "-"
+        tokens, loss = self.evals[-1]
+        return f"{loss:.4f} at {tokens:,} tokens"
 
-def render(state: RunState, now: float) -> Any:
+
+def render(state: RunState, now: float, title: str = "atoll run") -> Any:
     """The table and the run's line, as one rich renderable."""
     from rich.console import Group
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
-    t = Table(title="atoll run", expand=False)
-    for col in ("learner", "state", "step", "tokens/s", "last update", "staleness", "rejoins",
-                "up MB", "down MB"):  # fmt: skip
+    t = Table(title=title, expand=False)
+    for col in ("learner", "state", "ranks", "step", "tokens/s", "last update", "staleness",
+                "rejoins", "up MB", "down MB"):  # fmt: skip
         t.add_column(col, justify="left" if col in ("learner", "state") else "right")
-    colour = {"training": "green", "lost": "red", "killed": "red", "stalled": "yellow"}
+    colour = {"training": "green", "lost": "red", "killed": "red"}
+    colour |= {"stalled": "yellow", "quiet": "yellow"}
     for lid in sorted(state.rows):
         r = state.rows[lid]
         st = f"[{colour.get(r.state, 'white')}]{r.state}[/]"
         stale = "-" if r.staleness is None else str(r.staleness)
-        t.add_row(lid, st, str(r.step), f"{r.tokens_per_s:,.0f}", r.last, stale,
+        t.add_row(lid, st, str(r.ranks), str(r.step), f"{r.tokens_per_s:,.0f}", r.last, stale,
                   str(r.rejoins), f"{r.up / 1e6:.2f}", f"{r.down / 1e6:.2f}")  # fmt: skip
     parts: list[Any] = [t, state.line(now)]
     if state.token_budget:
         done = min(state.total_tokens(), state.token_budget)
         parts.append(ProgressBar(total=state.token_budget, completed=done, width=60))
-    parts.append("eval loss: at the end of the run (summary)")
+    parts.append(f"eval loss (global model, held out): {state.eval_text()}")
     return Group(*parts)
 
 
@@ -160,19 +193,25 @@ class RunView:
         line_every_s: float = 5.0,
         display: bool = True,
         sinks: list | None = None,
+        hear: Callable[[RunState, float], None] | None = None,
     ) -> None:
-        """`display` False: nothing on the console (the sinks are still fed)."""
+        """`display` False: nothing on the console (the sinks are still fed); `hear`: a
+        second source, called at each poll (a syncer's learners as it hears them)."""
         from rich.console import Console
 
         self.path, self.state = Path(events_path), state
-        self.display, self.sinks = display, list(sinks or [])
+        self.display, self.sinks, self.hear = display, list(sinks or []), hear
         self.console = Console(file=out or sys.stdout)
         self.refresh_s, self.line_every_s = refresh_s, line_every_s
         self._pos, self._rest, self._shown = 0, "", 0.0
         self._live: Any = None
+        self.title = "atoll run"
+        self._evals_sent = 0
 
     def poll(self) -> None:
         """Take the lines written since the last poll (a torn last line waits)."""
+        if self.hear is not None:
+            self.hear(self.state, time.time())
         if not self.path.exists():
             return
         with open(self.path) as fh:
@@ -205,12 +244,12 @@ class RunView:
         self._shown = now
         self._feed_sinks(now)
         if self._live is not None:
-            self._live.update(render(self.state, now))
+            self._live.update(render(self.state, now, self.title))
         elif self.display:
             self._print_line(now)
 
     def _print_line(self, now: float) -> None:
-        line = f"[atoll run] {self.state.line(now)}"
+        line = f"[{self.title}] {self.state.line(now)}"
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _feed_sinks(self, now: float) -> None:
@@ -218,19 +257,25 @@ class RunView:
             from atoll.sinks import scalars
 
             values = scalars(self.state, now)
+            new = self.state.evals[self._evals_sent :]  # each held-out loss once, at its tokens
+            self._evals_sent += len(new)
             for sink in self.sinks:
                 sink.write(self.state.total_tokens(), values)
+                for tokens, loss in new:
+                    sink.write(tokens, {"run/eval_loss": loss})
 
     def stop(self) -> None:
-        """The last figures, to the console and the sinks."""
+        """The last figures, to the console and the sinks: the training window ends at the
+        last contribution taken, as the run's summary counts it."""
         self.poll()
-        self._feed_sinks(time.time())
+        end = self.state.last_accepted or time.time()
+        self._feed_sinks(end)
         if self._live is not None:
-            self._live.update(render(self.state, time.time()))
+            self._live.update(render(self.state, end, self.title))
             self._live.stop()
             self._live = None
         elif self.display and self.state.started is not None:
-            self._print_line(time.time())  # the last figures, also on a pipe
+            self._print_line(end)  # the last figures, also on a pipe
 
     def close_sinks(self, eval_loss: float | None = None) -> None:
         """The run's eval loss (once the summary has it) to the sinks, then close them."""
@@ -242,16 +287,24 @@ class RunView:
 
 
 def view_for(
-    run_dir: Path, scfg: Any, learners: int, display: bool = True, sinks: list | None = None
+    run_dir: Path,
+    scfg: Any,
+    learners: int,
+    display: bool = True,
+    sinks: list | None = None,
+    plan: Any = None,
+    events: Path | None = None,
 ) -> RunView:
-    """The view of a run of the built-in model with settings `scfg` (its token budget, and
-    what a data-parallel ring all-reduce of fp32 gradients would send per token)."""
+    """The view of a run with settings `scfg`: its token budget, and what a data-parallel ring
+    all-reduce of fp32 gradients would send per token (of the built-in model, or of `plan`'s
+    model at the settings' batch and context)."""
     from atoll.bandwidth.model import allreduce_factor
     from atoll.model.recipe import builtin_plan
 
-    plan, _ = builtin_plan(scfg)
+    plan = plan if plan is not None else builtin_plan(scfg)[0]
     per_token = (
         allreduce_factor("ring", learners) * plan.nbytes_fp32() / (scfg.batch * scfg.context)
     )
     state = RunState(learners, scfg.token_budget(), per_token)
-    return RunView(Path(run_dir) / "events.jsonl", state, display=display, sinks=sinks)
+    path = events if events is not None else Path(run_dir) / "events.jsonl"
+    return RunView(path, state, display=display, sinks=sinks)

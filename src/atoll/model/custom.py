@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -88,12 +89,12 @@ def _plan(
     return plan, [plan.flatten(tensors, p) for p in range(plan.P)]
 
 
-def model_from(spec: str) -> torch.nn.Module:
-    """The model that `module:function` returns (`atoll syncer --init-from`); the module is
-    imported with the current directory on the path."""
+def import_function(spec: str, option: str) -> Any:
+    """The function `module:function` names (for --OPTION), its module imported with the
+    current directory on the path."""
     mod_name, _, fn_name = spec.partition(":")
     if not mod_name or not fn_name.isidentifier():
-        raise ConfigError("init-from", spec, f"module:function ({INIT_FROM_EXAMPLE})")
+        raise ConfigError(option, spec, f"module:function ({INIT_FROM_EXAMPLE})")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -105,14 +106,18 @@ def model_from(spec: str) -> torch.nn.Module:
             if ours
             else f"module {mod_name} needs {exc.name!r}, which is not installed"
         )
-        raise ConfigError(
-            "init-from", spec, f"module:function ({INIT_FROM_EXAMPLE}): {why}"
-        ) from None
+        raise ConfigError(option, spec, f"module:function ({INIT_FROM_EXAMPLE}): {why}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         why = f"{mod_name} has no function {fn_name!r}"
-        raise ConfigError("init-from", spec, f"module:function ({INIT_FROM_EXAMPLE}): {why}")
-    model = fn()
+        raise ConfigError(option, spec, f"module:function ({INIT_FROM_EXAMPLE}): {why}")
+    return fn
+
+
+def model_from(spec: str) -> torch.nn.Module:
+    """The model that `module:function` returns (`atoll syncer --init-from`); the module is
+    imported with the current directory on the path."""
+    model = import_function(spec, "init-from")()
     if not isinstance(model, torch.nn.Module):
         got = type(model).__name__
         raise ConfigError("init-from", spec, f"a function returning a torch.nn.Module, not {got}")

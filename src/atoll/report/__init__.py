@@ -44,12 +44,13 @@ def render(run: RunData) -> str:
     )
     if run.kind == "live" and run.curves:
         note += (
-            "<p class='absent'>A live run evaluates its final model only: one point per run "
-            "(and the virtual-time driver's, with --compare-sim, against tokens).</p>"
+            "<p class='absent'>The global model as the syncer evaluated it while the run went "
+            "(at fractions of the token budget), then the final model (and the virtual-time "
+            "driver's, with --compare-sim, against tokens).</p>"
         )
     no_loss = (
-        "no held-out loss recorded (a live run evaluates its final model when it ends, "
-        "unless eval=false)"
+        "no held-out loss recorded (a live run's syncer evaluates the built-in model, or a "
+        "custom one given --eval-from, unless eval=false)"
     )
     parts = [
         "<h2>Held-out loss</h2>",

@@ -106,22 +106,47 @@ def _read_live(d: Path) -> RunData:
             "eval loss": f"{s['eval_loss']:.4f}",
         }
     else:  # a hand-started syncer, or a run still going: what the events say so far
-        span = _span(events)
-        stats = metrics.run_stats(events, max(len(learners), 1), span)
+        stats = metrics.run_stats(events, max(len(learners), 1), _span(events))
+        xs, ys = goodput_series(events)  # the window the goodput plot shows, to its end
         header = {
             "run kind": "live (no summary.json: a hand-started syncer or a run still going)",
             "learners": str(len(learners)),
-            "goodput": f"{100 * stats['goodput']:.1f}% over {span:.0f} s",
+            "goodput": f"{100 * ys[-1]:.1f}% over {_window(events):.0f} s" if ys else "-",
             "rounds": str(stats["rounds"]),
             "bytes up / down": f"{_mb(stats['merged_bytes_in'])} / "
             f"{_mb(stats['merged_bytes_out'])}",
         }
-    curves = []
+        if evals := _evals(events):
+            e = evals[-1].data
+            header["eval loss"] = f"{e.eval_loss:.4f} at {e.tokens:,} tokens (the latest)"
+    curves = [live_curve(events, s)] if s is not None or _evals(events) else []
     if s is not None and math.isfinite(s.get("eval_loss", math.nan)):
-        curves.append(Curve("live", [s["tokens"]], [s["wall_time_s"]], [s["eval_loss"]]))
         if "sim_eval_loss" in s:  # --compare-sim: the virtual-time driver's loss, same tokens
             curves.append(Curve("virtual-time", [s["sim_tokens"]], [], [s["sim_eval_loss"]]))
     return RunData("live", d, header, curves, {"live": events})
+
+
+def _evals(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.kind == "evaluated"]
+
+
+def live_curve(events: list[Event], summary: dict[str, Any] | None) -> Curve:
+    """The global model's held-out loss as the syncer evaluated it while the run went
+    (`evaluated` events), then the final model's from the summary, where it has one."""
+    t0, evals = _t0(events), _evals(events)
+    c = Curve(
+        "live",
+        [e.data.tokens for e in evals],
+        [e.t - t0 for e in evals],
+        [e.data.eval_loss for e in evals],
+    )
+    s = summary or {}
+    if math.isfinite(s.get("eval_loss", math.nan)):
+        end = max((e.t for e in events if e.kind == "accepted"), default=t0 + s["wall_time_s"])
+        c.tokens.append(s["tokens"])
+        c.time_s.append(end - t0)
+        c.loss.append(s["eval_loss"])
+    return c
 
 
 # -- series from one event stream ---------------------------------------------------------------
@@ -139,6 +164,21 @@ def _span(events: list[Event]) -> float:
     return max(max((e.t for e in events), default=0.0) - _t0(events), 1e-9)
 
 
+def _start(events: list[Event]) -> float:
+    """The training window's start: the first training step (live), else the first join (sim,
+    or a syncer whose learners log elsewhere), as atoll.live.summary counts it."""
+    starts = [e.t for e in events if e.kind == "training"] or [
+        e.t for e in events if e.kind == "joined"
+    ]
+    return min(starts, default=_t0(events))
+
+
+def _window(events: list[Event]) -> float:
+    """The training window: its start to the last contribution taken."""
+    end = max((e.t for e in events if e.kind == "accepted"), default=_t0(events))
+    return max(end - _start(events), 0.0)
+
+
 def goodput_series(events: list[Event], points: int = 40) -> tuple[list[float], list[float]]:
     """Goodput so far (atoll.metrics' definition: accepted step-seconds / (learners x time
     since training began)) at `points` times."""
@@ -146,12 +186,7 @@ def goodput_series(events: list[Event], points: int = 40) -> tuple[list[float], 
     acc = [(e.t, e.data.work_s) for e in events if e.kind == "accepted"]
     if not acc:
         return [], []
-    # from the first training step (live), else the first join (sim): as atoll.live.summary
-    starts = [e.t for e in events if e.kind == "training"] or [
-        e.t for e in events if e.kind == "joined"
-    ]
-    start = min(starts, default=_t0(events))
-    end = acc[-1][0]
+    start, end = _start(events), acc[-1][0]
     t0 = _t0(events)
     xs, ys = [], []
     for i in range(1, points + 1):

@@ -232,7 +232,8 @@ class Learner:
         self._last_step_t = now
         if not self._first_step_logged:
             self._first_step_logged = True
-            self.events.record(self.id, Training(self.incarnation, now - self.started), now)
+            ranks = self.island.size if self.island is not None else 1
+            self.events.record(self.id, Training(self.incarnation, now - self.started, ranks), now)
         self._drain()
         self.steps_done += 1
         self.tokens_done += tokens

@@ -9,8 +9,11 @@
     atoll_syncer_useful_seconds_total       step-seconds in accepted contributions (goodput's
                                             numerator, as the run summary counts it)
     atoll_syncer_goodput                    useful seconds / (expected learners x seconds
-                                            since the start barrier): the summary's window
-                                            ends at the last contribution, this one now
+                                            since the start barrier, to now; once the budget
+                                            is spent, to the last contribution, as the run's
+                                            summary counts it)
+    atoll_syncer_eval_loss                  the global model's latest held-out loss
+                                            (syncer/evaluation.py), when evaluated
     atoll_syncer_learners_live              live sessions
     atoll_syncer_tokens_total               tokens the learners report
     atoll_syncer_round_latency_seconds      histogram: quorum wait + grace of each round
@@ -37,7 +40,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from atoll.core.events import Event, Joined, Lost, Refused, RoundClosed
+from atoll import metrics
+from atoll.core.events import Accepted, Evaluated, Event, Joined, Lost, Refused, RoundClosed
 from atoll.live.syncer.page import PAGE
 from atoll.threads import guarded
 
@@ -50,6 +54,7 @@ LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 
 MAX_REASONS = 32  # refusal reasons kept as labels; the rest count as "other"
 RECENT_ROUNDS = 60  # rounds on the status page's participation strip
 RECENT_MARKS = 50  # failures (lost) and (re)joins listed on it
+EVALS = 500  # held-out losses on the page's loss chart
 
 
 class SyncerMetrics:
@@ -74,9 +79,15 @@ class SyncerMetrics:
         self.registry.register(_Books(self))
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_ROUNDS)  # the page's strip
         self.marks: deque[dict[str, Any]] = deque(maxlen=RECENT_MARKS)  # failures, rejoins
+        self.evals: deque[dict[str, Any]] = deque(maxlen=EVALS)  # the loss chart's points
+        self.last_accepted: float | None = None
 
     def observe(self, e: Event) -> None:
         match e.data:
+            case Accepted():
+                self.last_accepted = e.t
+            case Evaluated(tokens=tokens, rounds=rounds, eval_loss=loss):
+                self.evals.append({"t": e.t, "tokens": tokens, "rounds": rounds, "loss": loss})
             case Refused(reason=reason):
                 if reason not in self._reasons and len(self._reasons) >= MAX_REASONS:
                     reason = "other"
@@ -127,9 +138,14 @@ class SyncerMetrics:
                 "quiet_after_s": rt.opts.lost_after_s / 2,  # the page turns an age red past it
                 "recent_rounds": list(self.recent),
                 "marks": list(self.marks),
+                "evals": list(self.evals),
+                "finished": rt.stop_requested,
+                "last_accepted": self.last_accepted,  # a shard set's goodput window ends here
             }
-        elapsed = max(time.time() - s["start"], 1e-9)
-        s["goodput"] = min(s["useful_s"] / (max(s["learners_expected"], 1) * elapsed), 1.0)
+        # the window: the start to now, or once the budget is spent to the last contribution
+        end = self.last_accepted if s["finished"] and self.last_accepted else time.time()
+        window = max(end - s["start"], 1e-9)
+        s["goodput"] = metrics.goodput_of(s["useful_s"], max(s["learners_expected"], 1), window)
         return s
 
 
@@ -155,6 +171,9 @@ class _Books:
             yield CounterMetricFamily(p + name, what, value=s[key])
         yield GaugeMetricFamily(p + "goodput", "useful s / (learners x s)", s["goodput"])
         yield GaugeMetricFamily(p + "learners_live", "live sessions", s["learners_live"])
+        if s["evals"]:
+            loss = s["evals"][-1]["loss"]
+            yield GaugeMetricFamily(p + "eval_loss", "the latest held-out loss", loss)
         info = GaugeMetricFamily(p + "info", "this syncer", labels=["epoch", "shard", "shards"])
         info.add_metric([s["epoch"], str(s["shard"]), str(s["shards"])], 1)
         yield info

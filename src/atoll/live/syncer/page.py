@@ -1,8 +1,9 @@
 """The syncer's status page (`/` of `atoll syncer --http-port`): one self-contained HTML file,
 no external resource, that reads `/status.json` every second and draws the learners (heartbeat
 ages turn red when a learner goes quiet), the run's figures, goodput and tokens over time,
-a learner x round participation strip, and the failures and rejoins the syncer saw. Live runs
-evaluate the loss once, on the final model (the run's summary and `atoll report` show it).
+a learner x round participation strip, the failures and rejoins the syncer saw (listed, and
+marked on the goodput chart: red lost, green joined), and the global model's held-out loss
+against tokens as the syncer evaluates it (syncer/evaluation.py).
 A shard set's page (shard_endpoints.py: `shards` is a list) also has one row per shard, red
 while it does not answer."""
 
@@ -22,29 +23,40 @@ canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 <h3>Learners</h3>
 <table id="learners"><thead><tr><th>learner</th><th>incarnation</th><th>heartbeat age</th>
 <th>tokens</th></tr></thead><tbody></tbody></table>
+<h3>Held-out loss of the global model, against tokens</h3>
+<canvas id="loss" width="420" height="160"></canvas> <span id="lossnote"></span>
 <h3>Goodput and tokens over time</h3>
 <canvas id="goodput" width="420" height="160"></canvas>
 <canvas id="tokens" width="420" height="160"></canvas>
 <h3>Participation: learner x round (newest right)</h3>
 <canvas id="strip" width="840" height="120"></canvas>
 <h3>Failures and rejoins</h3><ul id="marks"></ul>
-<p><small>Loss: a live run evaluates the final model (the run's summary, atoll report).</small></p>
 <script>
 const hist = [];
-function chart(id, key, fmt) {
+// a line of points {x, y} on canvas `id`; `marks`: [{x, colour}] drawn as vertical lines
+function plot(id, label, pts, fmt, marks = [], zero = true) {
   const c = document.getElementById(id), g = c.getContext('2d');
   g.fillStyle = '#fff'; g.fillRect(0, 0, c.width, c.height);
-  g.fillStyle = '#222'; g.font = '12px sans-serif'; g.fillText(key, 6, 14);
-  if (hist.length < 2) return;
-  const t0 = hist[0].t, t1 = hist[hist.length - 1].t;
-  const ys = hist.map(h => h[key]), top = Math.max(...ys, 1e-9);
-  g.strokeStyle = '#1f77b4'; g.lineWidth = 2; g.beginPath();
-  hist.forEach((h, i) => {
-    const x = 6 + (c.width - 12) * (h.t - t0) / Math.max(t1 - t0, 1e-9);
-    const y = c.height - 6 - (c.height - 26) * h[key] / top;
-    i ? g.lineTo(x, y) : g.moveTo(x, y);
+  g.fillStyle = '#222'; g.font = '12px sans-serif'; g.fillText(label, 6, 14);
+  if (pts.length < 1) return;
+  const x0 = pts[0].x, x1 = Math.max(pts[pts.length - 1].x, x0 + 1e-9);
+  const ys = pts.map(p => p.y), top = Math.max(...ys, 1e-9);
+  const bot = zero ? 0 : Math.min(...ys) - 0.05 * Math.max(top - Math.min(...ys), 1e-3);
+  const X = x => 6 + (c.width - 12) * (x - x0) / (x1 - x0);
+  const Y = y => c.height - 6 - (c.height - 26) * (y - bot) / Math.max(top - bot, 1e-9);
+  marks.filter(m => m.x >= x0).forEach(m => {
+    g.strokeStyle = m.colour; g.lineWidth = 1; g.beginPath();
+    g.moveTo(X(m.x), 20); g.lineTo(X(m.x), c.height - 4); g.stroke();
   });
-  g.stroke(); g.fillText(fmt(ys[ys.length - 1]), c.width - 90, 14);
+  g.strokeStyle = '#1f77b4'; g.lineWidth = 2; g.beginPath();
+  pts.forEach((p, i) => i ? g.lineTo(X(p.x), Y(p.y)) : g.moveTo(X(p.x), Y(p.y)));
+  g.stroke();
+  g.fillStyle = '#1f77b4';
+  pts.forEach(p => g.fillRect(X(p.x) - 2, Y(p.y) - 2, 4, 4));
+  g.fillStyle = '#222'; g.fillText(fmt(ys[ys.length - 1]), c.width - 110, 14);
+}
+function chart(id, key, fmt, marks) {
+  plot(id, key, hist.map(h => ({x: h.t, y: h[key]})), fmt, marks);
 }
 function strip(s) {
   const c = document.getElementById('strip'), g = c.getContext('2d');
@@ -86,8 +98,13 @@ async function tick() {
       `${m.shard === undefined ? '' : ' (shard ' + m.shard + ')'}</li>`).join('');
     hist.push({t: Date.now() / 1000, goodput: s.goodput, tokens: s.tokens});
     if (hist.length > 600) hist.shift();
-    chart('goodput', 'goodput', v => (100 * v).toFixed(1) + '%');
-    chart('tokens', 'tokens', v => v.toLocaleString());
+    const marks = s.marks.map(m => ({x: m.t, colour: m.kind === 'lost' ? '#d62728' : '#2ca02c'}));
+    chart('goodput', 'goodput', v => (100 * v).toFixed(1) + '%', marks);
+    chart('tokens', 'tokens', v => v.toLocaleString(), []);
+    plot('loss', 'eval loss', s.evals.map(e => ({x: e.tokens, y: e.loss})),
+         v => v.toFixed(4), [], false);
+    document.getElementById('lossnote').textContent = s.evals.length ? '' :
+      'no evaluation yet (the first at 1/eval_points of the budget)';
     strip(s);
     shardSet(s);
   } catch (e) { document.getElementById('who').textContent = 'unreachable: ' + e; }

@@ -7,13 +7,17 @@ seconds summed over the shards (each accepts only its own fragments' contributio
 learner splits each step's time over the fragments, so the run's useful seconds are the sum,
 as in the set's syncer_final.json); tokens, the budget, the start and every key this module
 does not know from the home shard 0, which counts the budget; goodput from the summed useful
-seconds over (expected learners x seconds since the home shard's start); the learners live on
+seconds over expected learners x the home shard's window (its start to now, or once the budget
+is spent to the last contribution any shard took, as each shard counts it); the learners live on
 any shard, each with its worst (largest) heartbeat age; and `shards`, each shard's own
 figures and whether it answered. A shard that does not answer (down, restarting, stopped) is
 shown down with its last figures, so that the sums do not step back while it restarts.
 
-`/metrics` is every shard's series with a `shard="i"` label added, and
-`atoll_syncer_shard_up{shard}`: 1 if the shard's own /metrics answered this scrape.
+`/metrics` is every shard's series with a `shard="i"` label added,
+`atoll_syncer_shard_up{shard}`: 1 if the shard's own /metrics answered this scrape, and the
+set's `atoll_syncer_eval_loss` once the supervisor has evaluated the whole model
+(shard_eval.py; a shard holds only its fragments and evaluates nothing: `evals` on
+/status.json are the supervisor's too).
 
 The server and handler are endpoints.py's (read-only, bounded client threads, socket
 timeouts, no secret); reading the shards takes at most 2 x FETCH_TIMEOUT_S whatever they do.
@@ -25,6 +29,7 @@ import http.client
 import json
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +39,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from atoll.live.syncer.endpoints import RECENT_MARKS, RECENT_ROUNDS, _Handler, _Server
+from atoll import metrics
+from atoll.core.events import Evaluated
+from atoll.live.syncer.endpoints import EVALS, RECENT_MARKS, RECENT_ROUNDS, _Handler, _Server
 from atoll.threads import OnDeath, guarded
 
 FETCH_TIMEOUT_S = 1.0  # a shard that has not answered by then is shown down
@@ -45,7 +52,7 @@ ROW = (*SUMMED, "epoch", "learners_live", "tokens", "goodput")  # a shard's own 
 DEFAULTS: dict[str, Any] = {
     **dict.fromkeys(SUMMED, 0),
     "run_id": "", "epoch": "", "tokens": 0, "token_budget": 0, "learners_expected": 0,
-    "start": 0.0, "quiet_after_s": 0.0, "versions": [],
+    "start": 0.0, "quiet_after_s": 0.0, "versions": [], "evals": [], "finished": False,
 }  # fmt: skip
 
 
@@ -72,6 +79,13 @@ class ShardReader:
         self.pool = ThreadPoolExecutor(min(len(ports), 8), thread_name_prefix="shard-read")
         self._lock = threading.Lock()  # one status read at a time; the others take its result
         self._combined: tuple[float, dict[str, Any]] | None = None
+        self.evals: deque[dict[str, Any]] = deque(maxlen=EVALS)  # the set's (shard_eval.py)
+
+    def evaluated(self, e: Evaluated) -> None:
+        """An evaluation of the whole model the supervisor recorded: on the loss chart."""
+        self.evals.append(
+            {"t": time.time(), "tokens": e.tokens, "rounds": e.rounds, "loss": e.eval_loss}
+        )
 
     def _get(self, port: int, path: str) -> bytes:
         conn = http.client.HTTPConnection(self.host, port, timeout=FETCH_TIMEOUT_S)
@@ -119,7 +133,7 @@ class ShardReader:
                     continue
                 sh.status, sh.seen_at, sh.up, sh.error = st, now, True, ""
                 fresh[sh.index] = st
-            combined = combine(self.shards, fresh, now)
+            combined = combine(self.shards, fresh, now, list(self.evals))
             self._combined = (time.monotonic(), combined)
             return combined
 
@@ -127,8 +141,11 @@ class ShardReader:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def combine(shards: list[_Shard], fresh: dict[int, dict[str, Any]], now: float) -> dict:
-    """The set as one syncer, from each shard's last status (`fresh`: those read just now)."""
+def combine(
+    shards: list[_Shard], fresh: dict[int, dict[str, Any]], now: float, evals: list | None = None
+) -> dict:
+    """The set as one syncer, from each shard's last status (`fresh`: those read just now) and
+    the supervisor's evaluations (`evals`; none: the home shard's, if it has any)."""
     known = [sh for sh in shards if sh.status is not None]
     home = shards[0].status or (known[0].status if known else {})
     out: dict[str, Any] = {**DEFAULTS, **home}  # keys this module does not know: the home's
@@ -153,9 +170,15 @@ def combine(shards: list[_Shard], fresh: dict[int, dict[str, Any]], now: float) 
     out["marks"] = _newest(fresh, "marks", RECENT_MARKS)
     if not shards[0].status and known:  # the home shard never answered: the others' start
         out["start"] = min(_num(sh.status.get("start")) or now for sh in known)  # type: ignore[union-attr]
-    elapsed = max(now - _num(out["start"]), 1e-9) if out["start"] else 1e-9
+    if evals:
+        out["evals"] = evals
+    # as each shard counts it: the start to now, or once the budget is spent (the home shard
+    # says) to the last contribution any shard took
+    ends = [_num(sh.status.get("last_accepted")) for sh in known]  # type: ignore[union-attr]
+    end = max(ends) if out.get("finished") and any(ends) else now
+    window = max(end - _num(out["start"]), 1e-9) if out["start"] else 1e-9
     expected = max(int(_num(out["learners_expected"])), 1)
-    out["goodput"] = min(out["useful_s"] / (expected * elapsed), 1.0)
+    out["goodput"] = metrics.goodput_of(out["useful_s"], expected, window)
     return out
 
 
@@ -225,6 +248,10 @@ class _ShardSeries:
                     out.add_sample(s.name, labels, s.value, s.timestamp, s.exemplar)
         yield up
         yield from families.values()
+        evals = self.reader.evals
+        if evals and "atoll_syncer_eval_loss" not in families:  # the set's, not a shard's
+            loss = evals[-1]["loss"]
+            yield GaugeMetricFamily("atoll_syncer_eval_loss", "the latest held-out loss", loss)
 
 
 class ShardSetMetrics:

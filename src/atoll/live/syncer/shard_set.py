@@ -87,6 +87,7 @@ class _Shard:
         argv = [*base, "--shard", f"{self.index}/{self.count}", "--run-dir", str(self.dir)]
         argv += ["--events", str(events), *(["--set", f"port={self.port}"] if self.port else [])]
         argv += ["--http-port", str(self.http_port)] if self.http_port else []
+        argv += ["--view", "off"]  # the set's view is the supervisor's
         self.popen = subprocess.Popen(argv, preexec_fn=die_with_parent)
 
     def address(self) -> str | None:
@@ -97,11 +98,17 @@ class _Shard:
         return addr
 
 
-def run(args: Any, job: Any, count: int) -> int:
+def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None) -> int:
+    """The set: its shards started and supervised; `evaluate`: the model's evaluation, at the
+    points every shard writes its part of (shard_eval.py); `view`: the set's live view."""
+    from atoll.eventlog import EventLog
+    from atoll.live.syncer.shard_eval import SetEvaluation
+
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     events = args.events or run_dir / "events.jsonl"
     base = [sys.executable, "-m", "atoll.cli", *_strip(args._argv)]
+    base += ["--eval-parts"] if evaluate is not None else []
     port, http = job.live.port, args.http_port
     shards = [_Shard(i, count, run_dir, port + i if port else 0, http + 1 + i if http else 0)
               for i in range(count)]  # fmt: skip
@@ -125,7 +132,15 @@ def run(args: Any, job: Any, count: int) -> int:
     tmp.write_text(",".join(addrs))  # type: ignore[arg-type]
     tmp.replace(run_dir / "syncer.addr")
     print(f"atoll syncer: {count} shards on {','.join(addrs)}, run dir {run_dir}", flush=True)
-    rc = _supervise(shards, base, events, done)
+    log = EventLog(events)
+    evaluation = SetEvaluation(run_dir, count, evaluate, log) if evaluate is not None else None
+    if evaluation is not None:
+        if page is not None:
+            evaluation.observers.append(page.reader.evaluated)  # the set's loss chart
+        evaluation.start()
+    if view is not None:
+        view.start()
+    rc = _supervise(shards, base, events, done, view)
     if died:  # the set's HTTP thread raised (its traceback is on stderr above)
         from atoll.live.syncer.runtime import EXIT_THREAD_DIED
 
@@ -134,6 +149,12 @@ def run(args: Any, job: Any, count: int) -> int:
     if page is not None:
         page.close()
     _stop(shards)
+    if evaluation is not None:
+        evaluation.stop()
+        evaluation.once()  # a point the shards wrote as they stopped
+    if view is not None:
+        view.stop()
+    log.close()
     combine(run_dir, count)
     return rc
 
@@ -161,11 +182,15 @@ def _endpoints(args: Any, shards: list[_Shard], on_death: Any) -> Any:
     return page
 
 
-def _supervise(shards: list[_Shard], base: list[str], events: Path, done: threading.Event) -> int:
+def _supervise(
+    shards: list[_Shard], base: list[str], events: Path, done: threading.Event, view: Any = None
+) -> int:
     """Restart a shard that died (on its port, from its tape) until the set is told to end; a
     shard that cannot restore its state ends the set (restarting cannot help)."""
     down: dict[int, float] = {}
     while not done.wait(0.1):
+        if view is not None:
+            view.tick()
         for sh in shards:
             rc = sh.popen.poll() if sh.popen else None
             if rc is None:

@@ -1,0 +1,155 @@
+"""The global model's held-out loss while a live run goes: the syncer evaluates its own
+values, as the virtual-time driver does, and says so in the event stream (`evaluated`), where
+the terminal view, the status page, the report and the sinks read it.
+
+When: at the same points as the virtual-time driver, fractions k/n of the token budget
+(`model.eval_points`, so a live curve lies beside a simulated one), or every `every_s`
+seconds when the run has no budget. What: the built-in model's `Evaluator` on its held-out
+batches, or a custom model's function (`atoll syncer --eval-from MODULE:FUNCTION`).
+
+The values are copied under the runtime's lock (one copy of the model); the evaluation runs
+on its own guarded thread with no lock held, so rounds go on meanwhile. An evaluation that
+raises is reported once on stderr and the run goes on without evaluations: a user's
+evaluation function must not stop the run.
+
+A shard holds only its own fragments: at each point it writes them (`part_dir`/point-K) and
+the shard set's supervisor evaluates the model once every shard's part of point K is there
+(shard_eval.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from atoll.core.events import Evaluated
+from atoll.sim.world import EvalPoints
+from atoll.threads import guarded
+
+if TYPE_CHECKING:
+    from atoll.live.syncer.runtime import SyncerRuntime
+
+Evaluate = Callable[[dict[str, torch.Tensor]], float]
+
+
+class LiveEvaluation:
+    """Evaluates `rt`'s global values with `evaluate` at `points` fractions of the token
+    budget (or every `every_s` seconds without one), on a guarded thread."""
+
+    def __init__(
+        self,
+        rt: SyncerRuntime,
+        evaluate: Evaluate | None,
+        points: int,
+        every_s: float = 60.0,
+        part_dir: Path | None = None,
+        budget: int | None = None,
+    ) -> None:
+        """`evaluate` None and `part_dir`: a shard's, writing its part of each point;
+        `budget`: the run's token budget (default the syncer's: 0 on a shard but the home)."""
+        self.rt, self.evaluate, self.part_dir = rt, evaluate, part_dir
+        budget = rt.opts.token_budget if budget is None else budget
+        self.points = EvalPoints(budget, points) if budget > 0 and points > 0 else None
+        self.every_s = every_s
+        self._last = time.time()
+        self.point = 0  # the newest point reached (its index: k of n, or the k-th period)
+        self._thread: threading.Thread | None = None
+        self.failed: str | None = None
+
+    def due(self, now: float) -> bool:
+        if self.points is not None:
+            passed = self.points.due(self.rt.books.total_tokens())
+            self.point += passed
+            return passed > 0
+        if self.every_s > 0 and now - self._last >= self.every_s:
+            self._last = now
+            self.point += 1
+            return True
+        return False
+
+    def once(self) -> Evaluated | None:
+        """Take the values now, evaluate them, record and return the event (None when this
+        syncer has no evaluation left: a failed one stops the rest)."""
+        if self.failed is not None:
+            return None
+        rt = self.rt
+        with rt.lock:
+            params = {k: v.detach().clone() for k, v in rt.proto.global_params().items()}
+            tokens, rounds = rt.books.total_tokens(), rt.proto.rounds_closed
+        if self.evaluate is None:
+            try:
+                if self.part_dir is not None:
+                    write_part(self.part_dir, self.point, params, tokens, rounds, rt)
+            except OSError as exc:  # a full disk: this point is skipped, the next tried
+                print(f"atoll syncer: evaluation part not written: {exc}", file=sys.stderr)
+            return None
+        e = evaluated(self, params, tokens, rounds)
+        if e is None:
+            return None
+        rt.record(e)
+        return e
+
+    def _loop(self) -> None:
+        while not self.rt.stopping.wait(0.5):
+            if self.due(time.time()):
+                self.once()
+
+    def start(self) -> None:
+        self._thread = guarded("live-evaluation", self._loop, self.rt.thread_died)
+        self._thread.start()
+
+
+def evaluated(owner: Any, params: dict, tokens: int, rounds: int) -> Evaluated | None:
+    """`owner.evaluate(params)` (a LiveEvaluation, or a set's: shard_eval.py) as an
+    `evaluated` record, or None when it raised: reported once on stderr, and `owner.failed`
+    set (its evaluations end; the run goes on)."""
+    t0 = time.perf_counter()
+    try:
+        loss = float(owner.evaluate(params))
+    except Exception as exc:  # a user's function: reported, and the run goes on
+        owner.failed = repr(exc)[:500]
+        print(f"atoll syncer: evaluation failed, no more live evaluations: {owner.failed}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
+    return Evaluated(tokens, rounds, loss, round(time.perf_counter() - t0, 4))
+
+
+def builtin_evaluate(scfg: object) -> Evaluate:
+    """The built-in model's evaluator on the run's held-out batches."""
+    from atoll.model.recipe import load_corpus
+    from atoll.model.train import Evaluator
+
+    return Evaluator(scfg, load_corpus(scfg))  # type: ignore[arg-type]
+
+
+def custom_evaluate(spec: str) -> Evaluate:
+    """`MODULE:FUNCTION` returning the evaluation function (params by name -> loss), imported
+    with the current directory on the path, as --init-from's."""
+    from atoll.errors import ConfigError
+    from atoll.model.custom import import_function
+
+    make = import_function(spec, "eval-from")
+    fn = make()
+    if not callable(fn):
+        raise ConfigError("eval-from", spec, "a function returning a callable(params) -> loss")
+    return fn
+
+
+def write_part(
+    part_dir: Path, point: int, params: dict, tokens: int, rounds: int, rt: SyncerRuntime
+) -> None:
+    """A shard's own fragments' values at point `point` (written whole, then renamed)."""
+    from safetensors.torch import save_file
+
+    mine = {n for p in rt.proto.served for n in rt.plan.fragments[p].names}
+    part_dir.mkdir(parents=True, exist_ok=True)
+    tmp = part_dir / f"point-{point}.safetensors.tmp"
+    meta = {"tokens": str(tokens), "rounds": str(rounds), "point": str(point)}
+    save_file({k: v.contiguous() for k, v in params.items() if k in mine}, str(tmp), meta)
+    tmp.replace(part_dir / f"point-{point}.safetensors")

@@ -1,0 +1,114 @@
+"""A shard set's held-out evaluations while the run goes: each shard writes its own fragments'
+values at each evaluation point (`RUN_DIR/shard-i/eval/point-K.safetensors`, evaluation.py),
+and the set's supervisor, once every shard's part of point K is there, evaluates the whole
+model and records `evaluated` in the set's event stream, as an unsharded syncer does.
+
+Point K is the same fraction k/n of the token budget on every shard: each shard counts the
+run's tokens from the learners' beats, which reach every shard. The tokens recorded are the
+home shard's (shard 0 counts the budget), the rounds are every shard's summed. The parts of a
+point are deleted once evaluated, and the parts of older points once a newer one is complete
+(a shard that was down for a point never completes it).
+
+The evaluation runs on its own thread, never in the supervision loop: a slow one delays no
+restart. An evaluation that raises is reported once and ends the evaluations; the thread dying
+otherwise takes the supervisor down loudly (exit 70), its shards with it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from atoll.core.events import Evaluated
+from atoll.eventlog import EventLog
+from atoll.live.syncer.evaluation import Evaluate, evaluated
+from atoll.threads import guarded
+
+_PART = re.compile(r"point-(\d+)\.safetensors$")
+
+
+def part_dir(shard_dir: Path) -> Path:
+    return shard_dir / "eval"
+
+
+class SetEvaluation:
+    def __init__(
+        self, run_dir: Path, count: int, evaluate: Evaluate, events: EventLog, every_s: float = 0.5
+    ) -> None:
+        self.dirs = [part_dir(run_dir / f"shard-{i}") for i in range(count)]
+        self.evaluate, self.events, self.every_s = evaluate, events, every_s
+        self.failed: str | None = None
+        self.observers: list[Callable[[Evaluated], None]] = []  # each evaluation recorded
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def parts(self) -> dict[int, list[Path]]:
+        """Point -> the shards' part files present (in shard order where complete)."""
+        out: dict[int, list[Path]] = {}
+        for d in self.dirs:
+            for f in sorted(d.glob("point-*.safetensors")) if d.is_dir() else []:
+                if m := _PART.search(f.name):
+                    out.setdefault(int(m.group(1)), []).append(f)
+        return out
+
+    def once(self) -> Evaluated | None:
+        """Evaluate the newest complete point, if any; None otherwise."""
+        from safetensors import safe_open
+
+        parts = self.parts()
+        done = [k for k, fs in parts.items() if len(fs) == len(self.dirs)]
+        if not done or self.failed is not None:
+            return None
+        k = max(done)
+        params: dict = {}
+        tokens, rounds = 0, 0
+        try:
+            for i, f in enumerate(parts[k]):
+                with safe_open(str(f), "pt") as fh:
+                    meta = fh.metadata() or {}
+                    params.update({n: fh.get_tensor(n) for n in fh.keys()})  # noqa: SIM118
+                rounds += int(meta.get("rounds", 0))
+                tokens = int(meta.get("tokens", 0)) if i == 0 else tokens
+        except Exception as exc:  # an unreadable part: this point is skipped
+            print(f"atoll syncer: evaluation point {k} skipped: {exc!r}", file=sys.stderr)
+            self._drop(parts, k)
+            return None
+        e = evaluated(self, params, tokens, rounds)
+        if e is None:
+            return None
+        self.events.record("syncer", e)
+        for observe in self.observers:  # the set's status page (shard_endpoints.py)
+            observe(e)
+        self._drop(parts, k)
+        return e
+
+    @staticmethod
+    def _drop(parts: dict[int, list[Path]], k: int) -> None:
+        """Point k's parts, and every older point's."""
+        for old, fs in parts.items():
+            if old <= k:
+                for f in fs:
+                    f.unlink(missing_ok=True)
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(self.every_s):
+            self.once()
+
+    def start(self) -> None:
+        self._thread = guarded("set-evaluation", self._loop, _died)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join(30.0)
+
+
+def _died(name: str, exc: BaseException) -> None:
+    print(f"atoll syncer: the {name} thread died: {exc!r}; the shard set stops", file=sys.stderr,
+          flush=True)  # fmt: skip
+    os._exit(70)

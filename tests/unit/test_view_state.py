@@ -1,0 +1,41 @@
+"""The live view's figures (atoll.live.view.RunState) from typed events and from what a syncer
+hears of its learners: island sizes, held-out losses, tokens/s from beats, quiet learners, and
+the training window ending at the last contribution once the run is over."""
+
+from __future__ import annotations
+
+from atoll.core.events import Accepted, Evaluated, Event, Training
+from atoll.live.view import RunState, render
+
+
+def test_events_give_ranks_evaluations_and_the_window():
+    s = RunState(learners=2, token_budget=1000)
+    s.feed(Event(10.0, "L0", Training("a", 0.5, island=4)))
+    s.feed(Event(10.0, "L1", Training("b", 0.5)))
+    assert (s.row("L0").ranks, s.row("L1").ranks) == (4, 1)
+    assert s.eval_text() == "-"
+    s.feed(Event(12.0, "syncer", Evaluated(tokens=250, rounds=3, eval_loss=3.25, eval_s=0.1)))
+    s.feed(Event(14.0, "syncer", Evaluated(tokens=500, rounds=6, eval_loss=2.5, eval_s=0.1)))
+    assert s.evals == [(250, 3.25), (500, 2.5)]
+    assert s.eval_text() == "2.5000 at 500 tokens" and "eval 2.5000 at 500" in s.line(15.0)
+    s.feed(Event(15.0, "syncer", Accepted("L0", 0, 1, 4, 6.0)))
+    assert s.last_accepted == 15.0
+    assert s.goodput(15.0) == 6.0 / (2 * 5.0)
+
+
+def test_what_a_syncer_hears_sets_tokens_rates_and_quiet_learners():
+    s = RunState(learners=2)
+    s.heard([{"id": "L0", "incarnation": "a", "tokens": 100, "age_s": 0.2}], 100.0, 1.5)
+    assert s.started == 100.0 and s.row("L0").state == "training"
+    s.heard(
+        [
+            {"id": "L0", "incarnation": "a", "tokens": 300, "age_s": 2.0},
+            {"id": "L1", "incarnation": "b", "tokens": 50, "age_s": 0.1},
+        ],
+        102.0,
+        1.5,
+    )
+    assert s.row("L0").tokens_per_s == 100.0 and s.row("L0").state == "quiet"
+    assert s.total_tokens() == 350
+    text = str(render(s, 103.0, "atoll syncer").renderables[0].title)
+    assert text == "atoll syncer"
