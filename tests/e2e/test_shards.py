@@ -55,6 +55,15 @@ def _syncer_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
 
 
+def end_set(proc: subprocess.Popen, learners: list[subprocess.Popen]) -> None:
+    """The learners killed if still running, the set ended (SIGTERM: it writes its books)."""
+    for p in learners:
+        if p.poll() is None:
+            p.kill()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+
+
 def _rounds(run_dir: Path, shard_of: list[int]) -> list[tuple[float, int]]:
     events = read_events(run_dir / "events.jsonl")
     return [
@@ -89,11 +98,7 @@ def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds
         st = status(addr, RUN, SECRET)
         assert st.tokens >= 120 * 2 * 16 * 64 * 0.9  # the home shard counted the budget
     finally:
-        for p in learners:
-            if p.poll() is None:
-                p.kill()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        end_set(proc, learners)
     books = json.loads((tmp_path / "syncer_final.json").read_text())
     assert books["lost_committed_rounds"] == 0 and books["shards"][1]["restarts"] >= 1
     from safetensors.torch import load_file

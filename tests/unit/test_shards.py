@@ -181,8 +181,12 @@ def test_each_shard_is_started_with_its_own_flags():
         "x=1",
         "--events=e",
         "--no-budget",
+        "--http-port",
+        "8080",  # the set's: each shard is given its own
+        "--http-host",
+        "0.0.0.0",
     ]
-    assert _strip(argv) == ["syncer", "--set", "x=1", "--no-budget"]
+    assert _strip(argv) == ["syncer", "--set", "x=1", "--no-budget", "--http-host", "0.0.0.0"]
 
 
 def test_a_shard_refuses_to_restore_another_shards_tape_or_snapshot(tmp_path):

@@ -62,7 +62,8 @@ def main(
     if http is None and page:
         from atoll.live.launcher import free_port
 
-        http = free_port(job.live.host)
+        shards = job.live.shards  # a shard set: its page on `http`, shard i's on http+1+i
+        http = free_port(job.live.host, shards + 1 if shards > 1 else 1)
     summary = Launcher(job, out, quiet=args.quiet, sinks=sinks, http_port=http or 0).run()
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim

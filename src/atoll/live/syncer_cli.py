@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="serve the status page (/), /metrics (Prometheus), /healthz and /status.json on "
-        "this port (default 0: off); with --shards, shard i serves on HTTP_PORT+i",
+        "this port (default 0: off); with --shards S, the whole set's on HTTP_PORT and "
+        "shard i's own on HTTP_PORT+1+i",
     )
     p.add_argument(
         "--http-host",
@@ -181,16 +182,20 @@ def main(args: argparse.Namespace) -> int:
 def _http(
     args: argparse.Namespace, service: SyncerService, shard: ShardSpec | None
 ) -> HttpEndpoints | None:
-    """The HTTP endpoints, when --http-port is given (shard i: the port + i)."""
+    """The HTTP endpoints, when --http-port is given (a shard of a set on one host: the port
+    its supervisor gives it)."""
     if not args.http_port:
         return None
     from atoll.errors import ConfigError
     from atoll.live.syncer.endpoints import HttpEndpoints
 
-    port = args.http_port + (shard.index if shard is not None else 0)
+    port = args.http_port
     if not 0 < port < 65536:
-        raise ConfigError("http-port", args.http_port, "a port in [1, 65535] (each shard's too)")
-    http = HttpEndpoints(service.runtime, args.http_host, port)
+        raise ConfigError("http-port", args.http_port, "a port in [1, 65535]")
+    try:
+        http = HttpEndpoints(service.runtime, args.http_host, port)
+    except OSError as exc:  # in use, or an address this host does not have
+        raise ConfigError("http-port", port, f"a free port ({exc.strerror})") from None
     print(f"atoll syncer: metrics on http://{args.http_host}:{http.port}/metrics", flush=True)
     return http
 

@@ -98,7 +98,9 @@ class SyncerMetrics:
                 self.quorum.inc(max(q, 0.0))
                 self.grace.inc(max(g, 0.0))
                 d = e.data
-                self.recent.append({"fragment": d.fragment, "participants": list(d.participants)})
+                self.recent.append(
+                    {"t": e.t, "fragment": d.fragment, "participants": list(d.participants)}
+                )
             case Lost(learner=lid):
                 self.marks.append({"t": e.t, "kind": "lost", "learner": lid})
             case Joined(learner=lid):
@@ -138,6 +140,7 @@ class SyncerMetrics:
                 "marks": list(self.marks),
                 "evals": list(self.evals),
                 "finished": rt.stop_requested,
+                "last_accepted": self.last_accepted,  # a shard set's goodput window ends here
             }
         # the window: the start to now, or once the budget is spent to the last contribution
         end = self.last_accepted if s["finished"] and self.last_accepted else time.time()

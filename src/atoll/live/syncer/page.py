@@ -3,7 +3,9 @@ no external resource, that reads `/status.json` every second and draws the learn
 ages turn red when a learner goes quiet), the run's figures, goodput and tokens over time,
 a learner x round participation strip, the failures and rejoins the syncer saw (listed, and
 marked on the goodput chart: red lost, green joined), and the global model's held-out loss
-against tokens as the syncer evaluates it (syncer/evaluation.py)."""
+against tokens as the syncer evaluates it (syncer/evaluation.py).
+A shard set's page (shard_endpoints.py: `shards` is a list) also has one row per shard, red
+while it does not answer."""
 
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>atoll syncer</title>
@@ -17,6 +19,7 @@ canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 </style></head><body>
 <h2>atoll syncer <small id="who"></small></h2>
 <div id="figs"></div>
+<div id="shardset"></div>
 <h3>Learners</h3>
 <table id="learners"><thead><tr><th>learner</th><th>incarnation</th><th>heartbeat age</th>
 <th>tokens</th></tr></thead><tbody></tbody></table>
@@ -91,7 +94,8 @@ async function tick() {
              `<td>${l.tokens.toLocaleString()}</td></tr>`;
     }).join('');
     document.getElementById('marks').innerHTML = s.marks.slice().reverse().map(m =>
-      `<li>${new Date(m.t * 1000).toLocaleTimeString()} ${m.kind} ${m.learner}</li>`).join('');
+      `<li>${new Date(m.t * 1000).toLocaleTimeString()} ${m.kind} ${m.learner}` +
+      `${m.shard === undefined ? '' : ' (shard ' + m.shard + ')'}</li>`).join('');
     hist.push({t: Date.now() / 1000, goodput: s.goodput, tokens: s.tokens});
     if (hist.length > 600) hist.shift();
     const marks = s.marks.map(m => ({x: m.t, colour: m.kind === 'lost' ? '#d62728' : '#2ca02c'}));
@@ -102,7 +106,26 @@ async function tick() {
     document.getElementById('lossnote').textContent = s.evals.length ? '' :
       'no evaluation yet (the first at 1/eval_points of the budget)';
     strip(s);
+    shardSet(s);
   } catch (e) { document.getElementById('who').textContent = 'unreachable: ' + e; }
+}
+// a shard set: one row per shard (its own figures; red while it does not answer)
+function shardSet(s) {
+  const el = document.getElementById('shardset');
+  if (!Array.isArray(s.shards)) { el.innerHTML = ''; return; }
+  document.getElementById('who').textContent =
+    `run ${s.run_id}, ${s.shards.length} shards (home shard 0: epoch ${s.epoch})`;
+  const mb = v => v == null ? '-' : (v / 1e6).toFixed(2);
+  const n = v => v == null ? '-' : v;
+  el.innerHTML = '<h3>Shards</h3><table id="shards"><thead><tr><th>shard</th><th>state</th>' +
+    '<th>rounds</th><th>accepted</th><th>refused</th><th>bytes in/out MB</th>' +
+    '<th>learners live</th><th>restarts</th><th>figures age</th></tr></thead><tbody>' +
+    s.shards.map(r => `<tr class="${r.up ? '' : 'quiet'}"><td>${r.shard}</td>` +
+      `<td class="${r.up ? 'ok' : ''}">${r.up ? 'up' : 'down'}</td><td>${n(r.rounds)}</td>` +
+      `<td>${n(r.accepted)}</td><td>${n(r.refused)}</td>` +
+      `<td>${mb(r.bytes_in)} / ${mb(r.bytes_out)}</td><td>${n(r.learners_live)}</td>` +
+      `<td>${n(r.restarts)}</td><td>${r.age_s == null ? '-' : r.age_s.toFixed(1) + ' s'}</td>` +
+      '</tr>').join('') + '</tbody></table>';
 }
 tick(); setInterval(tick, 1000);
 </script></body></html>

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from atoll.core.events import Evaluated
@@ -41,6 +42,7 @@ class SetEvaluation:
         self.dirs = [part_dir(run_dir / f"shard-{i}") for i in range(count)]
         self.evaluate, self.events, self.every_s = evaluate, events, every_s
         self.failed: str | None = None
+        self.observers: list[Callable[[Evaluated], None]] = []  # each evaluation recorded
         self.stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -79,6 +81,8 @@ class SetEvaluation:
         if e is None:
             return None
         self.events.record("syncer", e)
+        for observe in self.observers:  # the set's status page (shard_endpoints.py)
+            observe(e)
         self._drop(parts, k)
         return e
 

@@ -2,10 +2,12 @@
 command, each `atoll syncer --shard i/S` in RUN_DIR/shard-i with its own tape and snapshots.
 
 It writes RUN_DIR/syncer.addr as the shards' addresses in shard order (what learners take),
-restarts a shard that dies on the same port (it restores from its own tape while the others go
-on), ends the set on SIGTERM or Ctrl+C, and then writes the run's results as one syncer would:
-RUN_DIR/final.safetensors (every shard's fragments) and RUN_DIR/syncer_final.json (the books:
-the home shard's tokens, every shard's bytes, refusals, restarts and lost rounds summed).
+serves the whole set's HTTP endpoints on --http-port P (shard_endpoints.py; shard i serves its
+own on P+1+i), restarts a shard that dies on the same port (it restores from its own tape while
+the others go on), ends the set on SIGTERM or Ctrl+C, and then writes the run's results as one
+syncer would: RUN_DIR/final.safetensors (every shard's fragments) and RUN_DIR/syncer_final.json
+(the books: the home shard's tokens, every shard's bytes, refusals, restarts and lost rounds
+summed).
 
 `claim` guards a shard's directory: the first start records which shard of which run it holds
 (shard.json); a shard started on another shard's directory, or on another run's, stops before
@@ -30,7 +32,7 @@ from atoll.live.client import syncer_address
 from atoll.live.common import die_with_parent
 
 RESTART_DELAY_S = 0.5  # a shard that died is started again this long after
-_OWN_FLAGS = ("--shards", "--shard", "--run-dir", "--events")  # set per shard below
+_OWN_FLAGS = ("--shards", "--shard", "--run-dir", "--events", "--http-port")  # set per shard
 
 
 def claim(run_dir: Path, ident: dict[str, Any]) -> None:
@@ -72,8 +74,9 @@ def _strip(argv: list[str]) -> list[str]:
 
 
 class _Shard:
-    def __init__(self, index: int, count: int, run_dir: Path, port: int) -> None:
+    def __init__(self, index: int, count: int, run_dir: Path, port: int, http: int) -> None:
         self.index, self.count, self.dir, self.port = index, count, run_dir / f"shard-{index}", port
+        self.http_port = http  # its own HTTP endpoints (0: none)
         self.popen: subprocess.Popen | None = None
         self.restarts = 0
         if not port and (self.dir / "syncer.addr").exists():  # restarted set: the same port
@@ -83,6 +86,7 @@ class _Shard:
         (self.dir / "syncer.addr").unlink(missing_ok=True)
         argv = [*base, "--shard", f"{self.index}/{self.count}", "--run-dir", str(self.dir)]
         argv += ["--events", str(events), *(["--set", f"port={self.port}"] if self.port else [])]
+        argv += ["--http-port", str(self.http_port)] if self.http_port else []
         argv += ["--view", "off"]  # the set's view is the supervisor's
         self.popen = subprocess.Popen(argv, preexec_fn=die_with_parent)
 
@@ -105,16 +109,21 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
     events = args.events or run_dir / "events.jsonl"
     base = [sys.executable, "-m", "atoll.cli", *_strip(args._argv)]
     base += ["--eval-parts"] if evaluate is not None else []
-    port = job.live.port
-    shards = [_Shard(i, count, run_dir, port + i if port else 0) for i in range(count)]
+    port, http = job.live.port, args.http_port
+    shards = [_Shard(i, count, run_dir, port + i if port else 0, http + 1 + i if http else 0)
+              for i in range(count)]  # fmt: skip
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    died: list[str] = []
+    page = _endpoints(args, shards, lambda name, exc: (died.append(name), done.set()))
     for sh in shards:
         sh.start(base, events)
     addrs = [sh.address() for sh in shards]
     if any(a is None for a in addrs):
         _stop(shards)
+        if page is not None:
+            page.close()
         bad = next(sh for sh, a in zip(shards, addrs, strict=True) if a is None)
         rc = bad.popen.poll() if bad.popen else None
         print(f"atoll syncer: shard {bad.index}/{count} did not start (exit {rc})", flush=True)
@@ -126,10 +135,19 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
     log = EventLog(events)
     evaluation = SetEvaluation(run_dir, count, evaluate, log) if evaluate is not None else None
     if evaluation is not None:
+        if page is not None:
+            evaluation.observers.append(page.reader.evaluated)  # the set's loss chart
         evaluation.start()
     if view is not None:
         view.start()
     rc = _supervise(shards, base, events, done, view)
+    if died:  # the set's HTTP thread raised (its traceback is on stderr above)
+        from atoll.live.syncer.runtime import EXIT_THREAD_DIED
+
+        print(f"atoll syncer: thread {died[0]} died, ending the shard set", flush=True)
+        rc = EXIT_THREAD_DIED
+    if page is not None:
+        page.close()
     _stop(shards)
     if evaluation is not None:
         evaluation.stop()
@@ -139,6 +157,29 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
     log.close()
     combine(run_dir, count)
     return rc
+
+
+def _endpoints(args: Any, shards: list[_Shard], on_death: Any) -> Any:
+    """The set's HTTP endpoints on --http-port, when given (before any shard starts: a port
+    in use stops the set here)."""
+    if not args.http_port:
+        return None
+    from atoll.live.syncer.shard_endpoints import ShardSetEndpoints
+
+    last = args.http_port + len(shards)
+    if not 0 < args.http_port or last > 65535:
+        top, n = 65535 - len(shards), len(shards)
+        why = f"a port in [1, {top}] (the {n} shards serve theirs on the ports after it)"
+        raise ConfigError("http-port", args.http_port, why)
+    ports = [sh.http_port for sh in shards]
+    try:
+        page = ShardSetEndpoints(args.http_host, args.http_port, ports, on_death)
+    except OSError as exc:  # in use, or an address this host does not have
+        raise ConfigError("http-port", args.http_port, f"a free port ({exc.strerror})") from None
+    where = f"http://{args.http_host}:{page.port}"
+    print(f"atoll syncer: the shard set's status page on {where}/, metrics on {where}/metrics "
+          f"(shard i's own on port {args.http_port}+1+i)", flush=True)  # fmt: skip
+    return page
 
 
 def _supervise(
@@ -182,7 +223,7 @@ def _stop(shards: list[_Shard]) -> None:
 
 
 _SUMMED = ("bytes_in", "bytes_out", "accepted", "refused", "refused_beats", "broken_transfers")
-_SUMMED += ("auth_refused", "restarts", "lost_committed_rounds", "useful_s")
+_SUMMED += ("auth_refused", "restarts", "lost_committed_rounds", "useful_s", "rounds")
 
 
 def combine(run_dir: Path, count: int) -> None:
@@ -200,9 +241,12 @@ def combine(run_dir: Path, count: int) -> None:
              if (d / "syncer_final.json").exists()]  # fmt: skip
     if not books:
         return
+    from atoll.live.syncer.shard_endpoints import newest_versions
+
     out = dict(books[0])  # the home shard's tokens, start and epochs
     for k in _SUMMED:
         out[k] = sum(b.get(k, 0) for b in books)
+    out["versions"] = newest_versions([b.get("versions") for b in books])
     out["shards"] = [{k: b.get(k) for k in ("restarts", "lost_committed_rounds")} for b in books]
     tmp = run_dir / "syncer_final.json.tmp"
     tmp.write_text(json.dumps(out, indent=1))
