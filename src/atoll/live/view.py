@@ -161,7 +161,8 @@ class RunView:
         display: bool = True,
         sinks: list | None = None,
     ) -> None:
-        """`display` False: nothing on the console (the sinks are still fed)."""
+        """`display` False: nothing on the console (the sinks are still fed; one that fails
+        is said once and dropped: atoll.sinks.feed)."""
         from rich.console import Console
 
         self.path, self.state = Path(events_path), state
@@ -215,11 +216,9 @@ class RunView:
 
     def _feed_sinks(self, now: float) -> None:
         if self.sinks and self.state.started is not None:
-            from atoll.sinks import scalars
+            from atoll.sinks import feed, scalars
 
-            values = scalars(self.state, now)
-            for sink in self.sinks:
-                sink.write(self.state.total_tokens(), values)
+            feed(self.sinks, self.state.total_tokens(), scalars(self.state, now))
 
     def stop(self) -> None:
         """The last figures, to the console and the sinks."""
@@ -234,11 +233,11 @@ class RunView:
 
     def close_sinks(self, eval_loss: float | None = None) -> None:
         """The run's eval loss (once the summary has it) to the sinks, then close them."""
-        for sink in self.sinks:
-            if eval_loss is not None and eval_loss == eval_loss:  # not NaN
-                sink.write(self.state.total_tokens(), {"run/eval_loss": eval_loss})
-            sink.close()
-        self.sinks = []
+        from atoll.sinks import close_all, feed
+
+        if eval_loss is not None and eval_loss == eval_loss:  # not NaN
+            feed(self.sinks, self.state.total_tokens(), {"run/eval_loss": eval_loss})
+        close_all(self.sinks)
 
 
 def view_for(
