@@ -2,6 +2,7 @@
 step reports covering many steps, coalescing, closing every round, the final flush and its
 work accounting, typed refusals, and state in and out (state_dict / load_state_dict)."""
 
+import json
 import math
 
 import pytest
@@ -233,6 +234,15 @@ def test_event_kinds_are_a_closed_set():
     e = Event.make(1.0, "lost", "syncer", learner="L0")
     assert e.to_dict() == {"t": 1.0, "kind": "lost", "source": "syncer", "data": {"learner": "L0"}}
     assert Event.from_dict(e.to_dict()) == e
+
+
+def test_an_event_with_a_field_of_none_and_no_default_reads_back():
+    # a learner's `step` before any pull: no latency (the live view and load_events read it)
+    e = Event.make(2.0, "step", "L0", incarnation="0", step=50, tokens=800, step_time=None,
+                   pulls=0, pull_latency_ms=None)  # fmt: skip
+    assert e.to_dict()["data"]["pull_latency_ms"] is None
+    assert "wire_up" not in e.to_dict()["data"]  # a None that is its default: left out
+    assert Event.from_dict(json.loads(json.dumps(e.to_dict()))) == e
 
 
 def test_step_helper_encodes():  # the tests' stand-in for a driver encodes like one

@@ -45,10 +45,12 @@ class Record:
         return getattr(self, key)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields, less those at a default of None (a None without a default is written:
+        `Event.from_dict` needs every field that has no default)."""
         out = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             v = getattr(self, f.name)
-            if v is not None:
+            if v is not None or f.default is dataclasses.MISSING:
                 out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
 

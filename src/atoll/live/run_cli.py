@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from atoll.live.common import add_config_arguments
+from atoll.sinks import add_arguments as add_sink_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue the run already in --out (its syncer restores from snapshot + tape)",
     )
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--tensorboard", metavar="DIR", help="also write the run's figures there")
     p.add_argument(
         "--http-port",
         type=int,
@@ -30,15 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the syncer's status page and /metrics on this loopback port (0: none; atoll "
         "demo: a free port, atoll run: none)",
     )
-    p.add_argument(
-        "--wandb", metavar="PROJECT", help="also log them to Weights & Biases (WANDB_MODE=offline)"
-    )
+    add_sink_arguments(p)
 
 
 def main(
     args: argparse.Namespace, defaults: dict[str, object] | None = None, page: bool = False
 ) -> int:
     """`page`: the status page on a free port unless --http-port says otherwise (atoll demo)."""
+    import dataclasses
     import json
 
     from atoll.config import load_job
@@ -55,16 +54,20 @@ def main(
             "a new run directory: this one already holds a run (tape/snapshot); "
             "pass --resume to continue that run, or choose another --out",
         )
-    from atoll.sinks import open_sinks
+    from atoll.sinks import check, open_sinks
 
-    sinks = open_sinks(args.tensorboard, args.wandb, str(out))  # a missing package stops here
+    check(args.tensorboard, args.wandb, args.wandb_mode)  # a missing package stops here
     http = args.http_port
     if http is None and page:
         from atoll.live.launcher import free_port
 
         shards = job.live.shards  # a shard set: its page on `http`, shard i's on http+1+i
         http = free_port(job.live.host, shards + 1 if shards > 1 else 1)
-    summary = Launcher(job, out, quiet=args.quiet, sinks=sinks, http_port=http or 0).run()
+    launcher = Launcher(job, out, quiet=args.quiet, http_port=http or 0)  # bad data stops here
+    # a W&B run that cannot start (online: no server): one line, before any process starts
+    launcher.sinks = open_sinks(args.tensorboard, args.wandb, str(out), args.wandb_mode,
+                                name=out.name, config=dataclasses.asdict(job.sim))  # fmt: skip
+    summary = launcher.run()
     if args.compare_sim:
         from atoll.sim.decoupled import DecoupledSim
 

@@ -195,8 +195,9 @@ class RunView:
         sinks: list | None = None,
         hear: Callable[[RunState, float], None] | None = None,
     ) -> None:
-        """`display` False: nothing on the console (the sinks are still fed); `hear`: a
-        second source, called at each poll (a syncer's learners as it hears them)."""
+        """`display` False: nothing on the console (the sinks are still fed; one that fails
+        is said once and dropped: atoll.sinks.feed); `hear`: a second source, called at each
+        poll (a syncer's learners as it hears them)."""
         from rich.console import Console
 
         self.path, self.state = Path(events_path), state
@@ -206,7 +207,7 @@ class RunView:
         self._pos, self._rest, self._shown = 0, "", 0.0
         self._live: Any = None
         self.title = "atoll run"
-        self._evals_sent = 0
+        self._evals_sent, self._step = 0, 0  # held-out losses sent; the sinks' last step
 
     def poll(self) -> None:
         """Take the lines written since the last poll (a torn last line waits)."""
@@ -254,15 +255,26 @@ class RunView:
 
     def _feed_sinks(self, now: float) -> None:
         if self.sinks and self.state.started is not None:
-            from atoll.sinks import scalars
+            from atoll.sinks import feed, scalars
 
-            values = scalars(self.state, now)
-            new = self.state.evals[self._evals_sent :]  # each held-out loss once, at its tokens
-            self._evals_sent += len(new)
-            for sink in self.sinks:
-                sink.write(self.state.total_tokens(), values)
-                for tokens, loss in new:
-                    sink.write(tokens, {"run/eval_loss": loss})
+            # the figures now at the run's tokens, and each held-out loss once at its own
+            # tokens as the run reaches them; the steps never go down (W&B drops a step below
+            # the last), so a loss whose tokens lie behind the last step goes at that step
+            total = self.state.total_tokens()
+            self._eval_steps(total)
+            self._step = max(self._step, total)
+            feed(self.sinks, self._step, scalars(self.state, now))
+
+    def _eval_steps(self, upto: int | None) -> None:
+        """The held-out losses not yet sent whose tokens are at most `upto` (None: all)."""
+        from atoll.sinks import feed
+
+        for tokens, loss in self.state.evals[self._evals_sent :]:
+            if upto is not None and tokens > upto:
+                break
+            self._step = max(self._step, tokens)
+            feed(self.sinks, self._step, {"run/eval_loss": loss})
+            self._evals_sent += 1
 
     def stop(self) -> None:
         """The last figures, to the console and the sinks: the training window ends at the
@@ -279,11 +291,13 @@ class RunView:
 
     def close_sinks(self, eval_loss: float | None = None) -> None:
         """The run's eval loss (once the summary has it) to the sinks, then close them."""
-        for sink in self.sinks:
-            if eval_loss is not None and eval_loss == eval_loss:  # not NaN
-                sink.write(self.state.total_tokens(), {"run/eval_loss": eval_loss})
-            sink.close()
-        self.sinks = []
+        from atoll.sinks import close_all, feed
+
+        self._eval_steps(None)
+        if eval_loss is not None and eval_loss == eval_loss:  # not NaN
+            step = max(self._step, self.state.total_tokens())
+            feed(self.sinks, step, {"run/eval_loss": eval_loss})
+        close_all(self.sinks)
 
 
 def view_for(

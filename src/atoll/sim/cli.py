@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-plot", action="store_true", help="skip the PNG and report.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    from atoll.sinks import add_arguments as add_sink_arguments
+
+    add_sink_arguments(p, "tokens, each run once it is done (DIR/RUN)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,6 +50,9 @@ def main(args: argparse.Namespace) -> int:
     if args.scenario:
         overrides["scenario"] = args.scenario
     corpora = read_corpora(plan_runs(preset, overrides))  # bad settings stop here, before compute
+    from atoll.sinks import check
+
+    check(args.tensorboard, args.wandb, args.wandb_mode)  # a missing package: here too
     seed = overrides.get("seed", 0)
     out = args.out or Path("runs") / f"sim-{preset.name}-s{seed}"
 
@@ -79,6 +85,10 @@ def main(args: argparse.Namespace) -> int:
         args.json.write_text(text)
     if not args.no_plot:
         plot(result, out / "loss.png")
+    if args.tensorboard or args.wandb:
+        from atoll.sim.sinks import write_runs
+
+        write_runs(result, out, args)
     if not args.quiet:
         print_table(result)
         print(

@@ -17,10 +17,11 @@ Goodput = (learner time spent on steps whose work reached the syncer) / (M * wal
 Each step's time is split evenly over the P fragments (the learner protocol keeps these books);
 a fragment's share becomes useful when the syncer accepts a contribution carrying it, and is
 lost if the learner dies first. The run's statistics are computed from the event stream by
-atoll.metrics, as a live run's are. Each learner's encoder (with its error feedback) is this
-driver's: the protocol hands out raw deltas, encoded here in send order. What a learner does at
-a step boundary (step on, wait for an answer, end its run with the final flush) is its
-protocol's decision (`LearnerProtocol.boundary`), as in a live learner.
+atoll.metrics, as a live run's are; it has live learners' `step` reports too (SimLearner.
+report). Each learner's encoder (with its error feedback) is this driver's: the protocol hands
+out raw deltas, encoded here in send order. What a learner does at a step boundary (step on,
+wait for an answer, end its run with the final flush) is its protocol's decision
+(`LearnerProtocol.boundary`), as in a live learner.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ class DecoupledSim:
         self._learner_outputs(now, learner, [*b.events, *b.sends])
         if b.done:
             self.end_time = max(self.end_time, now)
+            self.events.append(learner.report(now))
         elif b.wait_s == 0:
             self._start_step(now, learner)
 
@@ -188,8 +190,8 @@ class DecoupledSim:
             return
         learner.inflight[c.seq] = c.work_s
         sent = Sent(c.fragment, c.seq, c.base_version, len(c.payload), c.steps, c.tokens)
-        self.events.append(Event(now, learner.id, sent))
         at = learner.up.transfer(now, len(c.payload))
+        self.events += [Event(now, learner.id, sent), learner.report(now)]
         self.push(at, "up", learner.id, learner.incarnation, c)
 
     # -- event handlers -----------------------------------------------------------------------
@@ -203,6 +205,7 @@ class DecoupledSim:
         """`learner` finished a step of `tokens` that took `dt`: its protocol's outputs, the
         books, then its step boundary."""
         self.tokens += tokens
+        learner.stepped(tokens)
         self._learner_outputs(now, learner, learner.proto.on_step(now, tokens, dt))
         self._maybe_eval(now)
         if self.progress:
@@ -291,9 +294,9 @@ class DecoupledSim:
 
     def _died(self, now: float, learner: SimLearner) -> None:
         """Its process is gone: whatever it had under way is void, its links start over."""
-        self.events += learner.proto.on_down(now)
+        self.events += [*learner.proto.on_down(now), learner.report(now)]
         learner.inflight.clear()
-        learner.incarnation += 1
+        learner.restart()
         learner.up.reset(now)
         learner.down.reset(now)
         self.faults.process_died(now, learner)
@@ -383,6 +386,7 @@ class DecoupledSim:
         if not self.curve or self.curve[-1]["tokens"] != self.tokens:
             self.curve.append({"tokens": self.tokens, "time_s": self.end_time, "eval_loss": final})
         self.curve[-1]["eval_loss"] = final
+        self.events += [x.report(self.end_time) for x in self.learners]  # every byte reported
         stats = metrics.run_stats(self.events, cfg.learners, self.end_time)
         return RunResult(
             name=self.name,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from atoll.core.codec import ContributionEncoder
+from atoll.core.events import Event, Step
 from atoll.core.learner import LearnerProtocol, Phase
 from atoll.core.messages import CONTROL_BYTES, FragmentUpdate, Heal, PushAnswer, Resumed
 from atoll.model.train import DataStream
@@ -37,6 +38,26 @@ class SimLearner:
     step_dt: float = 0.0
     stalls: Windows | None = None  # chaos: when its process is stopped
     net: Windows | None = None  # chaos: when its link is cut or slowed (= up/down.outages)
+    # this incarnation's counters, as a live learner process reports them (`step` events)
+    steps: int = 0
+    tokens: int = 0
+    wire0: tuple[int, int] = (0, 0)  # its links' bytes when it started
+
+    def stepped(self, tokens: int) -> None:
+        self.steps, self.tokens = self.steps + 1, self.tokens + tokens
+
+    def report(self, now: float) -> Event:
+        """Its `step` event: this incarnation's steps, tokens and bytes each way so far (the
+        virtual-time driver reports one with each contribution and at the end)."""
+        up, down = self.up.bytes_sent - self.wire0[0], self.down.bytes_sent - self.wire0[1]
+        st = Step(str(self.incarnation), self.steps, self.tokens, self.step_dt, 0, None, up, down)
+        return Event(now, self.id, st)
+
+    def restart(self) -> None:
+        """Its process died: the next incarnation counts from zero."""
+        self.incarnation += 1
+        self.steps = self.tokens = 0
+        self.wire0 = (self.up.bytes_sent, self.down.bytes_sent)
 
     @property
     def phase(self) -> Phase:
