@@ -64,6 +64,10 @@ def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
         st = json.loads(body)
         assert st["rounds"] == rounds and st["epoch"] == service.runtime.epoch
         assert (st["shard"], st["shards"]) == (0, 1)
+        # each learner's own figures: its contribution's bytes, merged once at staleness 0
+        rows = {r["id"]: r for r in st["learners"]}
+        assert sum(r["bytes_in"] for r in rows.values()) == acct["bytes_in"]
+        assert all((r["merged"], r["staleness"]) == (1, 0) for r in rows.values()), rows
         for s in streams:
             s.cancel()
     finally:

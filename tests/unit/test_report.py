@@ -42,3 +42,12 @@ def test_a_report_that_cannot_be_written_is_one_warning_line_not_a_failure(tmp_p
     try_report(tmp_path / "gone")  # what `atoll demo` and `atoll sim` call when they end
     out = capsys.readouterr().out.strip()
     assert out.startswith("atoll: warning: the report of") and len(out.splitlines()) == 1
+
+
+def test_the_header_names_the_islands_among_the_learners():
+    from atoll.core.events import Event, Training
+    from atoll.report.data import _learners
+
+    events = [Event(1.0, "L0", Training("a", 0.1)), Event(1.0, "L1", Training("b", 0.1, 2))]
+    assert _learners(["L0", "L1"], events) == "2 (islands: L1 2 ranks)"
+    assert _learners(["L0"], events[:1]) == "1"

@@ -31,11 +31,20 @@ def _shards(*statuses: dict | None, now: float = 1010.0) -> list[_Shard]:
 
 def test_the_set_sums_the_shards_and_takes_the_budget_and_unknown_keys_from_the_home_shard():
     s0 = _status(0, versions=[3, 0, 5], tokens=1200, eval_losses=[[100, 4.1]])
-    s0["learners"] = [{"id": "L0", "incarnation": "a", "age_s": 0.4, "tokens": 1200}]
+    s0["learners"] = [{"id": "L0", "incarnation": "a", "age_s": 0.4, "tokens": 1200,
+                       "bytes_in": 100, "merged": 3, "staleness": 0}]  # fmt: skip
     s0["recent_rounds"] = [{"t": 1005.0, "fragment": 0, "participants": ["L0"]}]
     s1 = _status(1, versions=[0, 7, 0], tokens=900, rounds=6, accepted=12, useful_s=2.0)
     s1["learners"] = [
-        {"id": "L0", "incarnation": "a", "age_s": 1.7, "tokens": 900},
+        {
+            "id": "L0",
+            "incarnation": "a",
+            "age_s": 1.7,
+            "tokens": 900,
+            "bytes_in": 50,
+            "merged": 2,
+            "staleness": 1,
+        },
         {"id": "L1", "incarnation": "b", "age_s": 0.2, "tokens": 800},
     ]
     s1["recent_rounds"] = [{"t": 1003.0, "fragment": 1, "participants": ["L1"]}]
@@ -50,6 +59,8 @@ def test_the_set_sums_the_shards_and_takes_the_budget_and_unknown_keys_from_the_
     assert out["goodput"] == pytest.approx(6.0 / (2 * 10.0))
     rows = {r["id"]: r for r in out["learners"]}
     assert rows["L0"]["age_s"] == 1.7 and rows["L0"]["shards"] == [0, 1]  # the worst age
+    # every shard's bytes and merges, the stalest newest merge
+    assert (rows["L0"]["bytes_in"], rows["L0"]["merged"], rows["L0"]["staleness"]) == (150, 5, 1)
     assert rows["L1"]["shards"] == [1] and out["learners_live"] == 2
     assert [r["fragment"] for r in out["recent_rounds"]] == [1, 0]  # by time
     assert [r["shard"] for r in out["recent_rounds"]] == [1, 0]

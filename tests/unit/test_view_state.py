@@ -4,7 +4,7 @@ the training window ending at the last contribution once the run is over."""
 
 from __future__ import annotations
 
-from atoll.core.events import Accepted, Evaluated, Event, Training
+from atoll.core.events import Accepted, Evaluated, Event, Reconnected, Training
 from atoll.live.view import RunState, render
 
 
@@ -13,6 +13,8 @@ def test_events_give_ranks_evaluations_and_the_window():
     s.feed(Event(10.0, "L0", Training("a", 0.5, island=4)))
     s.feed(Event(10.0, "L1", Training("b", 0.5)))
     assert (s.row("L0").ranks, s.row("L1").ranks) == (4, 1)
+    s.feed(Event(11.0, "L1", Reconnected(False, "e1")))
+    assert (s.row("L1").reconnects, s.row("L0").reconnects) == (1, 0)
     assert s.eval_text() == "-"
     s.feed(Event(12.0, "syncer", Evaluated(tokens=250, rounds=3, eval_loss=3.25, eval_s=0.1)))
     s.feed(Event(14.0, "syncer", Evaluated(tokens=500, rounds=6, eval_loss=2.5, eval_s=0.1)))

@@ -33,6 +33,7 @@ class LearnerRow:
     last: str = "-"  # fragment@version of the newest update applied
     staleness: int | None = None  # in the newest round it took part in
     heals: int = 0  # the first is its join; each later one a rejoin
+    reconnects: int = 0  # its communication side reconnected (without a restart)
     up: int = 0
     down: int = 0
     _prev: tuple[float, int] | None = None  # (time, tokens) of the step report before
@@ -101,6 +102,8 @@ class RunState:
             r.state, r.ranks = "training", d.island
         elif kind == "healed":
             self.row(e.source).heals += 1
+        elif kind == "reconnected":
+            self.row(e.source).reconnects += 1
         elif kind == "applied":
             self.row(e.source).last = f"{d.fragment}@{d.version}"
         elif kind == "round_closed":
@@ -162,7 +165,7 @@ def render(state: RunState, now: float, title: str = "atoll run") -> Any:
 
     t = Table(title=title, expand=False)
     for col in ("learner", "state", "ranks", "step", "tokens/s", "last update", "staleness",
-                "rejoins", "up MB", "down MB"):  # fmt: skip
+                "rejoins", "reconnects", "up MB", "down MB"):  # fmt: skip
         t.add_column(col, justify="left" if col in ("learner", "state") else "right")
     colour = {"training": "green", "lost": "red", "killed": "red"}
     colour |= {"stalled": "yellow", "quiet": "yellow"}
@@ -170,8 +173,9 @@ def render(state: RunState, now: float, title: str = "atoll run") -> Any:
         r = state.rows[lid]
         st = f"[{colour.get(r.state, 'white')}]{r.state}[/]"
         stale = "-" if r.staleness is None else str(r.staleness)
-        t.add_row(lid, st, str(r.ranks), str(r.step), f"{r.tokens_per_s:,.0f}", r.last, stale,
-                  str(r.rejoins), f"{r.up / 1e6:.2f}", f"{r.down / 1e6:.2f}")  # fmt: skip
+        counts = (r.ranks, r.step, f"{r.tokens_per_s:,.0f}", r.last, stale, r.rejoins,
+                  r.reconnects, f"{r.up / 1e6:.2f}", f"{r.down / 1e6:.2f}")  # fmt: skip
+        t.add_row(lid, st, *map(str, counts))
     parts: list[Any] = [t, state.line(now)]
     if state.token_budget:
         done = min(state.total_tokens(), state.token_budget)

@@ -98,7 +98,7 @@ def _read_live(d: Path) -> RunData:
     if s is not None:
         header = {
             "run kind": "live (summary.json written: the run has ended)",
-            "learners": str(len(learners)),
+            "learners": _learners(learners, events),
             "tokens": f"{s['tokens']:,} of {s['token_budget']:,}",
             "goodput": f"{100 * s['goodput']:.1f}%",
             "rounds": str(s["rounds"]),
@@ -110,7 +110,7 @@ def _read_live(d: Path) -> RunData:
         xs, ys = goodput_series(events)  # the window the goodput plot shows, to its end
         header = {
             "run kind": "live (no summary.json: a hand-started syncer or a run still going)",
-            "learners": str(len(learners)),
+            "learners": _learners(learners, events),
             "goodput": f"{100 * ys[-1]:.1f}% over {_window(events):.0f} s" if ys else "-",
             "rounds": str(stats["rounds"]),
             "bytes up / down": f"{_mb(stats['merged_bytes_in'])} / "
@@ -124,6 +124,13 @@ def _read_live(d: Path) -> RunData:
         if "sim_eval_loss" in s:  # --compare-sim: the virtual-time driver's loss, same tokens
             curves.append(Curve("virtual-time", [s["sim_tokens"]], [], [s["sim_eval_loss"]]))
     return RunData("live", d, header, curves, {"live": events})
+
+
+def _learners(ids: list[str], events: list[Event]) -> str:
+    """How many learners, and the ranks of each island among them (from `training`)."""
+    ranks = {e.source: e.data.island for e in events if e.kind == "training"}
+    islands = [f"{lid} {ranks[lid]} ranks" for lid in ids if ranks.get(lid, 1) > 1]
+    return f"{len(ids)}" + (f" (islands: {', '.join(islands)})" if islands else "")
 
 
 def _evals(events: list[Event]) -> list[Event]:

@@ -55,6 +55,7 @@ MAX_REASONS = 32  # refusal reasons kept as labels; the rest count as "other"
 RECENT_ROUNDS = 60  # rounds on the status page's participation strip
 RECENT_MARKS = 50  # failures (lost) and (re)joins listed on it
 EVALS = 500  # held-out losses on the page's loss chart
+MAX_LEARNER_ROWS = 4096  # learners whose own figures are kept (then: the live ones)
 
 
 class SyncerMetrics:
@@ -81,11 +82,13 @@ class SyncerMetrics:
         self.marks: deque[dict[str, Any]] = deque(maxlen=RECENT_MARKS)  # failures, rejoins
         self.evals: deque[dict[str, Any]] = deque(maxlen=EVALS)  # the loss chart's points
         self.last_accepted: float | None = None
+        self.per_learner: dict[str, dict[str, int]] = {}  # bytes taken, merges, staleness
 
     def observe(self, e: Event) -> None:
         match e.data:
-            case Accepted():
+            case Accepted(learner=lid, bytes=n):
                 self.last_accepted = e.t
+                self._learner(lid)["bytes_in"] += n
             case Evaluated(tokens=tokens, rounds=rounds, eval_loss=loss):
                 self.evals.append({"t": e.t, "tokens": tokens, "rounds": rounds, "loss": loss})
             case Refused(reason=reason):
@@ -101,10 +104,25 @@ class SyncerMetrics:
                 self.recent.append(
                     {"t": e.t, "fragment": d.fragment, "participants": list(d.participants)}
                 )
+                for lid, st in zip(d.participants, d.staleness, strict=False):
+                    row = self._learner(lid)
+                    row["merged"] += 1
+                    row["staleness"] = st
             case Lost(learner=lid):
                 self.marks.append({"t": e.t, "kind": "lost", "learner": lid})
             case Joined(learner=lid):
                 self.marks.append({"t": e.t, "kind": "joined", "learner": lid})
+
+    def _learner(self, lid: str) -> dict[str, int]:
+        """A learner's own figures (its contribution bytes taken, its contributions merged, the
+        staleness of the newest); past MAX_LEARNER_ROWS, only live learners' are kept."""
+        row = self.per_learner.get(lid)
+        if row is None:
+            if len(self.per_learner) >= MAX_LEARNER_ROWS:
+                live = self.rt.sessions
+                self.per_learner = {k: v for k, v in self.per_learner.items() if k in live}
+            row = self.per_learner[lid] = {"bytes_in": 0, "merged": 0, "staleness": -1}
+        return row
 
     def status(self) -> dict[str, Any]:
         """What /status.json shows, and the books /metrics reads (copied under the lock)."""
@@ -132,6 +150,7 @@ class SyncerMetrics:
                         "incarnation": sess.incarnation,
                         "age_s": round(time.time() - sess.last_seen, 2),
                         "tokens": int(a["tokens"].get(f"{lid}/{sess.incarnation}", 0)),
+                        **self.per_learner.get(lid, {}),
                     }
                     for lid, sess in sorted(rt.sessions.items())
                 ],  # fmt: skip

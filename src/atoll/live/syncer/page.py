@@ -22,7 +22,8 @@ canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 <div id="shardset"></div>
 <h3>Learners</h3>
 <table id="learners"><thead><tr><th>learner</th><th>incarnation</th><th>heartbeat age</th>
-<th>tokens</th></tr></thead><tbody></tbody></table>
+<th>tokens</th><th>tokens/s</th><th>merged</th><th>staleness</th><th>MB in</th></tr></thead>
+<tbody></tbody></table>
 <h3>Held-out loss of the global model, against tokens</h3>
 <canvas id="loss" width="420" height="160"></canvas> <span id="lossnote"></span>
 <h3>Goodput and tokens over time</h3>
@@ -32,7 +33,7 @@ canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 <canvas id="strip" width="840" height="120"></canvas>
 <h3>Failures and rejoins</h3><ul id="marks"></ul>
 <script>
-const hist = [];
+const hist = [], seen = {};
 // a line of points {x, y} on canvas `id`; `marks`: [{x, colour}] drawn as vertical lines
 function plot(id, label, pts, fmt, marks = [], zero = true) {
   const c = document.getElementById(id), g = c.getContext('2d');
@@ -87,11 +88,19 @@ async function tick() {
       `${(s.bytes_out / 1e6).toFixed(2)} MB</b></span>` +
       `<span>refused <b>${s.refused}</b></span>`;
     const body = document.querySelector('#learners tbody');
+    const now = Date.now() / 1000;
     body.innerHTML = s.learners.map(l => {
       const quiet = l.age_s > s.quiet_after_s;
+      const key = l.id + '/' + l.incarnation, p = seen[key];  // tokens/s since the last poll
+      const rate = p && now > p.t && l.tokens >= p.tokens ? (l.tokens - p.tokens) / (now - p.t)
+                                                          : (p ? p.rate : 0);
+      seen[key] = {t: now, tokens: l.tokens, rate: rate};
+      const st = l.staleness === undefined || l.staleness < 0 ? '-' : l.staleness;
       return `<tr class="${quiet ? 'quiet' : ''}"><td>${l.id}</td><td>${l.incarnation}</td>` +
              `<td class="${quiet ? '' : 'ok'}">${l.age_s.toFixed(1)} s</td>` +
-             `<td>${l.tokens.toLocaleString()}</td></tr>`;
+             `<td>${l.tokens.toLocaleString()}</td><td>${Math.round(rate).toLocaleString()}</td>` +
+             `<td>${l.merged || 0}</td><td>${st}</td>` +
+             `<td>${((l.bytes_in || 0) / 1e6).toFixed(2)}</td></tr>`;
     }).join('');
     document.getElementById('marks').innerHTML = s.marks.slice().reverse().map(m =>
       `<li>${new Date(m.t * 1000).toLocaleTimeString()} ${m.kind} ${m.learner}` +

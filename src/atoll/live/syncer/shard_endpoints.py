@@ -161,8 +161,11 @@ def combine(
             have = learners.get(row.get("id"))
             if have is None:
                 learners[row.get("id")] = {**row, "shards": [i]}
-            else:
+            else:  # the oldest beat, every shard's bytes and merges, the stalest newest merge
                 have["age_s"] = max(_num(have.get("age_s")), _num(row.get("age_s")))
+                for k in ("bytes_in", "merged"):
+                    have[k] = _num(have.get(k)) + _num(row.get(k))
+                have["staleness"] = max(_num(have.get("staleness")), _num(row.get("staleness")))
                 have["shards"].append(i)
     out["learners"] = [learners[k] for k in sorted(learners, key=str)]
     out["learners_live"] = len(learners)
