@@ -18,6 +18,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,7 +63,8 @@ def main() -> int:
     for r in range(args.repeats):
         order = ("off", "on") if r % 2 == 0 else ("on", "off")
         for mode in order:
-            row = one(Path(f"/tmp/atoll-evalcost-{mode}-{r}"), args.steps, mode == "on")
+            run_dir = Path(tempfile.mkdtemp(prefix=f"atoll-evalcost-{mode}-{r}-")) / "run"
+            row = one(run_dir, args.steps, mode == "on")
             runs[mode].append(row)
             print(f"[{r + 1}/{args.repeats}] eval {mode}: {row}", flush=True)
     keys = ("goodput", "rounds_per_s", "tokens_per_s", "p50_ms", "p99_ms")

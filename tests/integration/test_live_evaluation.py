@@ -37,8 +37,11 @@ def test_an_evaluation_sees_the_merged_global_model_and_is_shown(live):
             rounds = service.proto.rounds_closed
         assert isinstance(e, Evaluated) and e.rounds == rounds >= 1
         assert set(seen[0]) == set(now) and all(torch.equal(seen[0][k], now[k]) for k in now)
-        # a copy: the next merge does not change what was evaluated
-        assert all(seen[0][k].data_ptr() != now[k].data_ptr() for k in now)
+        # a copy: not the syncer's own storage (the next merge does not change it)
+        with service.lock:
+            theta = service.proto.delivery.state.theta
+            held = {t.untyped_storage().data_ptr() for t in theta if t.numel()}
+        assert all(v.untyped_storage().data_ptr() not in held for v in seen[0].values())
         assert e.eval_loss == evaluate(now)
         status = json.loads(urllib.request.urlopen(
             f"http://127.0.0.1:{http.port}/status.json", timeout=5).read())  # fmt: skip
@@ -75,9 +78,35 @@ def test_points_follow_the_budget_and_a_failing_evaluation_stops_only_itself(liv
     assert not died
 
 
-def test_without_a_budget_it_evaluates_every_few_seconds(live):
+def test_without_a_budget_it_evaluates_every_few_seconds_from_the_runs_start(live):
     service, _, _, _ = live
     rt = service.runtime
     ev = LiveEvaluation(rt, lambda p: 1.0, points=0, every_s=30.0)
-    t = ev._last
+    t = rt.acct.get("start_at") or rt.acct["start"]
     assert not ev.due(t + 10.0) and ev.due(t + 31.0) and not ev.due(t + 40.0)
+    assert ev.point == 1 and ev.due(t + 95.0) and ev.point == 3  # periods passed at once
+    # a restarted syncer (its books restored) numbers the same instants alike
+    again = LiveEvaluation(rt, lambda p: 1.0, points=0, every_s=30.0)
+    assert again.due(t + 95.0) and again.point == 3
+
+
+def test_a_loss_that_is_not_finite_keeps_the_page_readable(live):
+    service, stub, died, _ = live
+    http = HttpEndpoints(service.runtime, "127.0.0.1", 0)
+    try:
+        ev = LiveEvaluation(service.runtime, lambda p: float("nan"), points=4)
+        assert ev.once() is not None  # a diverged run's loss is still a result
+        body = urllib.request.urlopen(f"http://127.0.0.1:{http.port}/status.json", timeout=5)
+
+        def strict(c: str) -> None:
+            raise ValueError(f"{c} is not JSON")  # what a browser's JSON.parse refuses
+
+        status = json.loads(body.read(), parse_constant=strict)
+        assert status["evals"][-1]["loss"] is None
+        assert (
+            _samples(http.port)["atoll_syncer_eval_loss"]
+            != _samples(http.port)["atoll_syncer_eval_loss"]
+        )  # NaN on /metrics
+    finally:
+        http.close()
+    assert not died

@@ -61,3 +61,45 @@ def test_a_failing_evaluation_ends_the_evaluations_only(tmp_path, capsys):
     _part(tmp_path, 0, 2, {"a": torch.ones(1)}, 2, 2)
     assert ev.once() is None
     log.close()
+
+
+def _names(run_dir, shard):
+    d = part_dir(run_dir / f"shard-{shard}")
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+def test_parts_no_evaluation_will_read_are_dropped(tmp_path):
+    _part(tmp_path, 0, 9, {"a": torch.ones(1)}, 1, 1)  # an earlier run's, before the set starts
+    log = EventLog(tmp_path / "events.jsonl")
+    ev = SetEvaluation(tmp_path, 2, lambda p: 1.0, log)
+    assert _names(tmp_path, 0) == []
+    for k in (1, 2, 3, 4):  # shard 1 was down for these points: they never complete
+        _part(tmp_path, 0, k, {"a": torch.ones(1)}, k, k)
+    assert ev.once() is None
+    assert _names(tmp_path, 0) == ["point-3.safetensors", "point-4.safetensors"]
+    ev.failed = "an earlier evaluation raised"  # then nothing is kept at all
+    _part(tmp_path, 1, 4, {"b": torch.ones(1)}, 4, 4)
+    assert ev.once() is None and _names(tmp_path, 0) == _names(tmp_path, 1) == []
+    log.close()
+
+
+def test_a_part_that_cannot_be_removed_is_said_and_the_evaluations_go_on(
+    tmp_path, capsys, monkeypatch
+):
+    import pathlib
+
+    log = EventLog(tmp_path / "events.jsonl")
+    ev = SetEvaluation(tmp_path, 1, lambda p: 2.0, log)
+    _part(tmp_path, 0, 1, {"a": torch.ones(1)}, 1, 1)
+    real = pathlib.Path.unlink
+
+    def busy(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "unlink", busy)
+    assert ev.once() is None  # the thread would have died of this before
+    assert "evaluation parts: [Errno 13] Permission denied" in capsys.readouterr().err
+    monkeypatch.setattr(pathlib.Path, "unlink", real)
+    _part(tmp_path, 0, 2, {"a": torch.ones(1)}, 2, 2)
+    assert ev.once().eval_loss == 2.0  # and the next point is evaluated
+    log.close()

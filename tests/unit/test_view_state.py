@@ -41,3 +41,34 @@ def test_what_a_syncer_hears_sets_tokens_rates_and_quiet_learners():
     assert s.total_tokens() == 350
     text = str(render(s, 103.0, "atoll syncer").renderables[0].title)
     assert text == "atoll syncer"
+
+
+def test_the_window_starts_at_the_first_join_until_a_training_step_is_seen():
+    from atoll.core.events import Joined
+
+    s = RunState(learners=2)
+    s.feed(Event(5.0, "syncer", Joined("L0")))
+    assert s.started == 5.0  # a syncer whose learners log elsewhere: its view starts here
+    s.feed(Event(7.0, "L0", Training("a", 0.1)))
+    s.feed(Event(6.5, "L1", Training("b", 0.1)))
+    assert s.started == 6.5  # the first training step, as the run's summary counts it
+
+
+def test_a_view_that_fails_says_so_once_and_the_run_goes_on(tmp_path, capsys):
+    import io
+
+    from atoll.live.view import RunView
+
+    calls = []
+
+    def hear(state, now):
+        calls.append(now)
+        raise OSError("the log's disk went away")
+
+    view = RunView(tmp_path / "events.jsonl", RunState(2), out=io.StringIO(), hear=hear)
+    view.start()
+    view.tick(100.0)
+    view.tick(200.0)
+    view.stop()
+    assert len(calls) == 1  # the view ended at its first failure; nothing raised
+    assert capsys.readouterr().err.count("the live view stopped") == 1

@@ -22,6 +22,8 @@ from typing import Any
 from atoll import metrics
 from atoll.core.events import Event
 
+POLL_BYTES = 8 << 20  # of the event log read at one poll at most
+
 
 @dataclass
 class LearnerRow:
@@ -59,6 +61,7 @@ class RunState:
     tokens: dict[tuple[str, str], int] = field(default_factory=dict)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (tokens, held-out loss)
     last_accepted: float | None = None  # the end of the training window, once it is over
+    _by_join: bool = False  # `started` is the first join, no training step seen yet
 
     def row(self, learner: str) -> LearnerRow:
         return self.rows.setdefault(learner, LearnerRow())
@@ -78,7 +81,9 @@ class RunState:
         """What a syncer hears of its learners (their beats: tokens, the age of the last),
         for a syncer whose event log holds no learner's step reports (learners elsewhere)."""
         for x in learners:
-            r = self._tokens(x["id"], x["incarnation"], now, int(x["tokens"]))
+            r = self.row(x["id"])
+            if r.step == 0:  # no step report of its own in the log: the beats are its figures
+                self._tokens(x["id"], x["incarnation"], now, int(x["tokens"]))
             r.state = "quiet" if x["age_s"] > quiet_s else "training"
         if self.started is None and learners:
             self.started = now
@@ -97,7 +102,9 @@ class RunState:
                 self.wire[(e.source, d.incarnation)] = (d.wire_up, d.wire_down or 0)
                 r.up, r.down = d.wire_up, d.wire_down or 0
         elif kind == "training":
-            self.started = e.t if self.started is None else min(self.started, e.t)
+            first = self.started is None or self._by_join
+            self.started = e.t if first else min(self.started, e.t)  # type: ignore[type-var]
+            self._by_join = False
             r = self.row(e.source)
             r.state, r.ranks = "training", d.island
         elif kind == "healed":
@@ -115,6 +122,8 @@ class RunState:
             self.row(d.learner).state = "lost"
         elif kind == "joined":
             self.row(d.learner).state = "joined"
+            if self.started is None:  # until a training step is seen (learners logging
+                self.started, self._by_join = e.t, True  # elsewhere: never)
         elif kind == "chaos" and d.process in self.rows:
             self.row(d.process).state = {"kill": "killed", "stall": "stalled"}.get(
                 d.action, d.action
@@ -212,6 +221,7 @@ class RunView:
         self._live: Any = None
         self.title = "atoll run"
         self._evals_sent, self._step = 0, 0  # held-out losses sent; the sinks' last step
+        self._broken = False
 
     def poll(self) -> None:
         """Take the lines written since the last poll (a torn last line waits)."""
@@ -221,7 +231,7 @@ class RunView:
             return
         with open(self.path) as fh:
             fh.seek(self._pos)
-            chunk = fh.read()
+            chunk = fh.read(POLL_BYTES)  # a long run's log: the rest at the next polls
             self._pos = fh.tell()
         lines = (self._rest + chunk).split("\n")
         self._rest = lines.pop()
@@ -239,6 +249,26 @@ class RunView:
             self._live.start()
 
     def tick(self, now: float | None = None) -> None:
+        """Show the run when due; the view failing (a render, the log) is said once and the
+        view ends: the run it watches goes on."""
+        if not self._broken:
+            try:
+                self._tick(now)
+            except Exception as exc:
+                self._break(exc)
+
+    def _break(self, exc: Exception) -> None:
+        self._broken = True
+        print(f"atoll: the live view stopped ({exc!r}); the run goes on", file=sys.stderr,
+              flush=True)  # fmt: skip
+        live, self._live = self._live, None
+        if live is not None:
+            try:
+                live.stop()
+            except Exception:  # noqa: BLE001 - the terminal is the view's; it is given up
+                pass
+
+    def _tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         every = self.refresh_s if self._live is not None else self.line_every_s
         if now - self._shown < every:
@@ -283,6 +313,13 @@ class RunView:
     def stop(self) -> None:
         """The last figures, to the console and the sinks: the training window ends at the
         last contribution taken, as the run's summary counts it."""
+        if not self._broken:
+            try:
+                self._stop()
+            except Exception as exc:
+                self._break(exc)
+
+    def _stop(self) -> None:
         self.poll()
         end = self.state.last_accepted or time.time()
         self._feed_sinks(end)

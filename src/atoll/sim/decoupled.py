@@ -330,13 +330,9 @@ class DecoupledSim:
             self.syncer_outputs(now, self.syncer.on_join(now, learner.id))
 
     def _maybe_eval(self, now: float) -> None:
-        due = self.eval_points.due(self.tokens)
-        if due:
-            loss = self.evaluate(self.syncer.global_params())
-            self.curve += [
-                {"tokens": self.tokens, "time_s": now, "eval_loss": loss} for _ in range(due)
-            ]
-            # in the stream too, as a live syncer says it (an evaluation takes no virtual time)
+        if due := self.eval_points.due(self.tokens):  # in the stream too, as a live syncer
+            loss = self.evaluate(self.syncer.global_params())  # says it (no virtual time)
+            self.curve += [dict(tokens=self.tokens, time_s=now, eval_loss=loss) for _ in range(due)]
             done = Evaluated(self.tokens, self.syncer.rounds_closed, loss, 0.0)
             self.events.append(Event(now, "syncer", done))
 

@@ -30,6 +30,7 @@ so a slow or hostile client holds only its own thread. No secret is on any page.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -89,8 +90,8 @@ class SyncerMetrics:
             case Accepted(learner=lid, bytes=n):
                 self.last_accepted = e.t
                 self._learner(lid)["bytes_in"] += n
-            case Evaluated(tokens=tokens, rounds=rounds, eval_loss=loss):
-                self.evals.append({"t": e.t, "tokens": tokens, "rounds": rounds, "loss": loss})
+            case Evaluated():
+                self.evals.append(eval_row(e.t, e.data))
             case Refused(reason=reason):
                 if reason not in self._reasons and len(self._reasons) >= MAX_REASONS:
                     reason = "other"
@@ -162,10 +163,32 @@ class SyncerMetrics:
                 "last_accepted": self.last_accepted,  # a shard set's goodput window ends here
             }
         # the window: the start to now, or once the budget is spent to the last contribution
-        end = self.last_accepted if s["finished"] and self.last_accepted else time.time()
+        end = window_end(s["finished"], self.last_accepted, time.time())
         window = max(end - s["start"], 1e-9)
         s["goodput"] = metrics.goodput_of(s["useful_s"], max(s["learners_expected"], 1), window)
         return s
+
+
+def eval_row(t: float, e: Evaluated) -> dict[str, Any]:
+    """An evaluation as the page's loss chart reads it: a loss that is not finite (a run
+    diverging) is null, which JSON can say (NaN it cannot: the page would stop parsing)."""
+    loss = e.eval_loss if math.isfinite(e.eval_loss) else None
+    return {"t": t, "tokens": e.tokens, "rounds": e.rounds, "loss": loss}
+
+
+def eval_gauge(evals: Any) -> Any:
+    """`atoll_syncer_eval_loss`: the latest evaluation's loss (NaN when it was not finite)."""
+    if evals:
+        loss = evals[-1]["loss"]
+        yield GaugeMetricFamily(
+            "atoll_syncer_eval_loss", "the latest held-out loss", math.nan if loss is None else loss
+        )
+
+
+def window_end(finished: bool, last_accepted: float | None, now: float) -> float:
+    """The end of goodput's window: now, or once the budget is spent the last contribution
+    taken (as the run's summary counts it)."""
+    return last_accepted if finished and last_accepted else now
 
 
 class _Books:
@@ -190,9 +213,7 @@ class _Books:
             yield CounterMetricFamily(p + name, what, value=s[key])
         yield GaugeMetricFamily(p + "goodput", "useful s / (learners x s)", s["goodput"])
         yield GaugeMetricFamily(p + "learners_live", "live sessions", s["learners_live"])
-        if s["evals"]:
-            loss = s["evals"][-1]["loss"]
-            yield GaugeMetricFamily(p + "eval_loss", "the latest held-out loss", loss)
+        yield from eval_gauge(s["evals"])
         info = GaugeMetricFamily(p + "info", "this syncer", labels=["epoch", "shard", "shards"])
         info.add_metric([s["epoch"], str(s["shard"]), str(s["shards"])], 1)
         yield info

@@ -57,21 +57,26 @@ class LiveEvaluation:
         budget = rt.opts.token_budget if budget is None else budget
         self.points = EvalPoints(budget, points) if budget > 0 and points > 0 else None
         self.every_s = every_s
-        self._last = time.time()
         self.point = 0  # the newest point reached (its index: k of n, or the k-th period)
         self._thread: threading.Thread | None = None
         self.failed: str | None = None
 
     def due(self, now: float) -> bool:
+        """Whether a point was reached since the last call. Without a budget, point k is
+        k periods after the run's start as the books keep it (restored on a restart): every
+        shard of a set, and a restarted one, numbers the same instants alike."""
+        with self.rt.lock:
+            tokens, a = self.rt.books.total_tokens(), self.rt.acct
+            start = a.get("start_at") or a["start"]
         if self.points is not None:
-            passed = self.points.due(self.rt.books.total_tokens())
+            passed = self.points.due(tokens)
             self.point += passed
             return passed > 0
-        if self.every_s > 0 and now - self._last >= self.every_s:
-            self._last = now
-            self.point += 1
-            return True
-        return False
+        k = int((now - start) // self.every_s) if self.every_s > 0 else 0
+        if k <= self.point:
+            return False
+        self.point = k
+        return True
 
     def once(self) -> Evaluated | None:
         """Take the values now, evaluate them, record and return the event (None when this
@@ -80,7 +85,7 @@ class LiveEvaluation:
             return None
         rt = self.rt
         with rt.lock:
-            params = {k: v.detach().clone() for k, v in rt.proto.global_params().items()}
+            params = rt.proto.global_params()  # copies, of the fragments this syncer holds
             tokens, rounds = rt.books.total_tokens(), rt.proto.rounds_closed
         if self.evaluate is None:
             try:
@@ -112,7 +117,9 @@ def evaluated(owner: Any, params: dict, tokens: int, rounds: int) -> Evaluated |
     t0 = time.perf_counter()
     try:
         loss = float(owner.evaluate(params))
-    except Exception as exc:  # a user's function: reported, and the run goes on
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a user's function (even sys.exit): reported
         owner.failed = repr(exc)[:500]
         print(f"atoll syncer: evaluation failed, no more live evaluations: {owner.failed}",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -135,7 +142,12 @@ def custom_evaluate(spec: str) -> Evaluate:
     from atoll.model.custom import import_function
 
     make = import_function(spec, "eval-from")
-    fn = make()
+    try:
+        fn = make()
+    except Exception as exc:
+        raise ConfigError(
+            "eval-from", spec, f"a function that returns (it raised {exc!r})"
+        ) from exc
     if not callable(fn):
         raise ConfigError("eval-from", spec, "a function returning a callable(params) -> loss")
     return fn

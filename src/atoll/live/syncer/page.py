@@ -110,10 +110,14 @@ async function tick() {
     const marks = s.marks.map(m => ({x: m.t, colour: m.kind === 'lost' ? '#d62728' : '#2ca02c'}));
     chart('goodput', 'goodput', v => (100 * v).toFixed(1) + '%', marks);
     chart('tokens', 'tokens', v => v.toLocaleString(), []);
-    plot('loss', 'eval loss', s.evals.map(e => ({x: e.tokens, y: e.loss})),
+    plot('loss', 'eval loss', s.evals.filter(e => e.loss !== null)  // null: not finite
+                                .map(e => ({x: e.tokens, y: e.loss})),
          v => v.toFixed(4), [], false);
-    document.getElementById('lossnote').textContent = s.evals.length ? '' :
-      'no evaluation yet (the first at 1/eval_points of the budget)';
+    const bad = s.evals.filter(e => e.loss === null).length;
+    document.getElementById('lossnote').textContent = s.evals.length ?
+      (bad ? `${bad} evaluation(s) not finite (diverged), not drawn` : '') :
+      (s.token_budget ? 'no evaluation yet (the first at 1/eval_points of the budget)'
+                      : 'no evaluation yet (every eval_every_s seconds; eval=false: none)');
     strip(s);
     shardSet(s);
   } catch (e) { document.getElementById('who').textContent = 'unreachable: ' + e; }

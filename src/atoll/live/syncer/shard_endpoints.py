@@ -41,7 +41,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from atoll import metrics
 from atoll.core.events import Evaluated
-from atoll.live.syncer.endpoints import EVALS, RECENT_MARKS, RECENT_ROUNDS, _Handler, _Server
+from atoll.live.syncer.endpoints import (
+    EVALS,
+    RECENT_MARKS,
+    RECENT_ROUNDS,
+    _Handler,
+    _Server,
+    eval_gauge,
+    eval_row,
+    window_end,
+)
 from atoll.threads import OnDeath, guarded
 
 FETCH_TIMEOUT_S = 1.0  # a shard that has not answered by then is shown down
@@ -83,9 +92,7 @@ class ShardReader:
 
     def evaluated(self, e: Evaluated) -> None:
         """An evaluation of the whole model the supervisor recorded: on the loss chart."""
-        self.evals.append(
-            {"t": time.time(), "tokens": e.tokens, "rounds": e.rounds, "loss": e.eval_loss}
-        )
+        self.evals.append(eval_row(time.time(), e))
 
     def _get(self, port: int, path: str) -> bytes:
         conn = http.client.HTTPConnection(self.host, port, timeout=FETCH_TIMEOUT_S)
@@ -178,7 +185,7 @@ def combine(
     # as each shard counts it: the start to now, or once the budget is spent (the home shard
     # says) to the last contribution any shard took
     ends = [_num(sh.status.get("last_accepted")) for sh in known]  # type: ignore[union-attr]
-    end = max(ends) if out.get("finished") and any(ends) else now
+    end = window_end(bool(out.get("finished")), max(ends, default=0.0), now)
     window = max(end - _num(out["start"]), 1e-9) if out["start"] else 1e-9
     expected = max(int(_num(out["learners_expected"])), 1)
     out["goodput"] = metrics.goodput_of(out["useful_s"], expected, window)
@@ -251,10 +258,8 @@ class _ShardSeries:
                     out.add_sample(s.name, labels, s.value, s.timestamp, s.exemplar)
         yield up
         yield from families.values()
-        evals = self.reader.evals
-        if evals and "atoll_syncer_eval_loss" not in families:  # the set's, not a shard's
-            loss = evals[-1]["loss"]
-            yield GaugeMetricFamily("atoll_syncer_eval_loss", "the latest held-out loss", loss)
+        if "atoll_syncer_eval_loss" not in families:  # the set's, not a shard's
+            yield from eval_gauge(self.reader.evals)
 
 
 class ShardSetMetrics:

@@ -26,7 +26,7 @@ from pathlib import Path
 from atoll.core.events import Evaluated
 from atoll.eventlog import EventLog
 from atoll.live.syncer.evaluation import Evaluate, evaluated
-from atoll.threads import guarded
+from atoll.threads import OnDeath, guarded
 
 _PART = re.compile(r"point-(\d+)\.safetensors$")
 
@@ -35,16 +35,31 @@ def part_dir(shard_dir: Path) -> Path:
     return shard_dir / "eval"
 
 
+KEEP_BEHIND = 2  # an incomplete point this far behind the newest one seen never completes
+
+
 class SetEvaluation:
     def __init__(
-        self, run_dir: Path, count: int, evaluate: Evaluate, events: EventLog, every_s: float = 0.5
+        self,
+        run_dir: Path,
+        count: int,
+        evaluate: Evaluate,
+        events: EventLog,
+        every_s: float = 0.5,
+        on_death: OnDeath | None = None,
     ) -> None:
+        """`on_death`: the set's, called if the thread dies of anything but the evaluation or
+        the files (those are said and the thread goes on); default: the process exits 70."""
         self.dirs = [part_dir(run_dir / f"shard-{i}") for i in range(count)]
         self.evaluate, self.events, self.every_s = evaluate, events, every_s
         self.failed: str | None = None
         self.observers: list[Callable[[Evaluated], None]] = []  # each evaluation recorded
         self.stopping = threading.Event()
+        self.on_death = on_death or _died
         self._thread: threading.Thread | None = None
+        self._one = threading.Lock()  # one evaluation at a time
+        self._said: set[str] = set()
+        self._drop(self.parts(), None)  # an earlier run's parts: not this run's points
 
     def parts(self) -> dict[int, list[Path]]:
         """Point -> the shards' part files present (in shard order where complete)."""
@@ -56,12 +71,26 @@ class SetEvaluation:
         return out
 
     def once(self) -> Evaluated | None:
-        """Evaluate the newest complete point, if any; None otherwise."""
+        """Evaluate the newest complete point, if any (None otherwise), and drop the parts
+        no evaluation will read: that point's, older ones', incomplete ones KEEP_BEHIND
+        behind the newest, and every one once the evaluations have failed."""
+        with self._one:
+            try:
+                return self._once()
+            except OSError as exc:  # a part's directory unreadable, a file not removable
+                self._say(f"evaluation parts: {exc}")
+                return None
+
+    def _once(self) -> Evaluated | None:
         from safetensors import safe_open
 
         parts = self.parts()
+        if self.failed is not None:  # the shards go on writing parts: none is kept
+            self._drop(parts, None)
+            return None
         done = [k for k, fs in parts.items() if len(fs) == len(self.dirs)]
-        if not done or self.failed is not None:
+        if not done:
+            self._drop(parts, max(parts, default=0) - KEEP_BEHIND)
             return None
         k = max(done)
         params: dict = {}
@@ -74,38 +103,50 @@ class SetEvaluation:
                 rounds += int(meta.get("rounds", 0))
                 tokens = int(meta.get("tokens", 0)) if i == 0 else tokens
         except Exception as exc:  # an unreadable part: this point is skipped
-            print(f"atoll syncer: evaluation point {k} skipped: {exc!r}", file=sys.stderr)
+            self._say(f"evaluation point {k} skipped: {exc!r}")
             self._drop(parts, k)
             return None
+        self._drop(parts, k)
         e = evaluated(self, params, tokens, rounds)
         if e is None:
             return None
         self.events.record("syncer", e)
         for observe in self.observers:  # the set's status page (shard_endpoints.py)
             observe(e)
-        self._drop(parts, k)
         return e
 
     @staticmethod
-    def _drop(parts: dict[int, list[Path]], k: int) -> None:
-        """Point k's parts, and every older point's."""
+    def _drop(parts: dict[int, list[Path]], k: int | None) -> None:
+        """Point k's parts and every older point's (None: every point's)."""
         for old, fs in parts.items():
-            if old <= k:
+            if k is None or old <= k:
                 for f in fs:
                     f.unlink(missing_ok=True)
 
+    def _say(self, what: str) -> None:
+        if what not in self._said:  # once each
+            self._said.add(what)
+            print(f"atoll syncer: {what}", file=sys.stderr, flush=True)
+
     def _loop(self) -> None:
-        while not self.stopping.wait(self.every_s):
-            self.once()
+        while True:
+            stopped = self.stopping.wait(self.every_s)
+            self.once()  # after the stop too: a point the shards wrote as they stopped
+            if stopped:
+                return
 
     def start(self) -> None:
-        self._thread = guarded("set-evaluation", self._loop, _died)
+        self._thread = guarded("set-evaluation", self._loop, self.on_death)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 60.0) -> None:
+        """Stop, after a last look at the parts; an evaluation still running after `wait_s`
+        is not waited for (its thread ends with the process)."""
         self.stopping.set()
         if self._thread is not None:
-            self._thread.join(30.0)
+            self._thread.join(wait_s)
+            if self._thread.is_alive():
+                self._say(f"an evaluation still running after {wait_s:.0f} s: not waited for")
 
 
 def _died(name: str, exc: BaseException) -> None:

@@ -116,12 +116,18 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     died: list[str] = []
-    page = _endpoints(args, shards, lambda name, exc: (died.append(name), done.set()))
+    on_death = lambda name, exc: (died.append(name), done.set())  # noqa: E731
+    page = _endpoints(args, shards, on_death)
+    log = EventLog(events)
+    evaluation = None  # made before any shard starts: it clears an earlier run's parts
+    if evaluate is not None:
+        evaluation = SetEvaluation(run_dir, count, evaluate, log, on_death=on_death)
     for sh in shards:
         sh.start(base, events)
     addrs = [sh.address() for sh in shards]
     if any(a is None for a in addrs):
         _stop(shards)
+        log.close()
         if page is not None:
             page.close()
         bad = next(sh for sh, a in zip(shards, addrs, strict=True) if a is None)
@@ -132,8 +138,6 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
     tmp.write_text(",".join(addrs))  # type: ignore[arg-type]
     tmp.replace(run_dir / "syncer.addr")
     print(f"atoll syncer: {count} shards on {','.join(addrs)}, run dir {run_dir}", flush=True)
-    log = EventLog(events)
-    evaluation = SetEvaluation(run_dir, count, evaluate, log) if evaluate is not None else None
     if evaluation is not None:
         if page is not None:
             evaluation.observers.append(page.reader.evaluated)  # the set's loss chart
@@ -141,7 +145,7 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
     if view is not None:
         view.start()
     rc = _supervise(shards, base, events, done, view)
-    if died:  # the set's HTTP thread raised (its traceback is on stderr above)
+    if died:  # the set's HTTP or evaluation thread raised (its traceback is on stderr above)
         from atoll.live.syncer.runtime import EXIT_THREAD_DIED
 
         print(f"atoll syncer: thread {died[0]} died, ending the shard set", flush=True)
@@ -150,8 +154,7 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
         page.close()
     _stop(shards)
     if evaluation is not None:
-        evaluation.stop()
-        evaluation.once()  # a point the shards wrote as they stopped
+        evaluation.stop()  # after a last look: a point the shards wrote as they stopped
     if view is not None:
         view.stop()
     log.close()
