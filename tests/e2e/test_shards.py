@@ -107,8 +107,10 @@ def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds
     assert set(final) == {n for f in plan.fragments for n in f.names}  # every shard's tensors
     # the set's supervisor evaluated the whole model while the run went, from both shards' parts
     evals = [e["data"] for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "evaluated"]
-    assert len(evals) >= 2 and evals[-1]["eval_loss"] < evals[0]["eval_loss"], evals
-    assert [e["tokens"] for e in evals] == sorted(e["tokens"] for e in evals)
+    # (shard 1 was down for the points it missed: those never complete; the set's last point
+    # is the budget's, and the model then is trained: under ln 256 = 5.5 nats, the start)
+    assert evals and evals[-1]["tokens"] >= 120 * 2 * 16 * 64 and evals[-1]["eval_loss"] < 4.5
+    assert [e["tokens"] for e in evals] == sorted(e["tokens"] for e in evals), evals
 
 
 @pytest.mark.parametrize("shards", ["0", "999"])

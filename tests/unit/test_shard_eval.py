@@ -73,12 +73,17 @@ def test_parts_no_evaluation_will_read_are_dropped(tmp_path):
     log = EventLog(tmp_path / "events.jsonl")
     ev = SetEvaluation(tmp_path, 2, lambda p: 1.0, log)
     assert _names(tmp_path, 0) == []
-    for k in (1, 2, 3, 4):  # shard 1 was down for these points: they never complete
+    for k in (1, 2, 20):  # shard 1 was down: a point far behind the newest never completes
         _part(tmp_path, 0, k, {"a": torch.ones(1)}, k, k)
     assert ev.once() is None
-    assert _names(tmp_path, 0) == ["point-3.safetensors", "point-4.safetensors"]
+    assert _names(tmp_path, 0) == ["point-20.safetensors"]  # 20 - 16 = 4: 1 and 2 dropped
+    for k in (18, 19):  # one a little behind may still complete (a restarted shard's books lag)
+        _part(tmp_path, 0, k, {"a": torch.ones(1)}, k, k)
+    _part(tmp_path, 1, 18, {"b": torch.ones(1)}, 18, 18)
+    assert ev.once().tokens == 18 and _names(tmp_path, 0) == ["point-19.safetensors",
+                                                             "point-20.safetensors"]  # fmt: skip
     ev.failed = "an earlier evaluation raised"  # then nothing is kept at all
-    _part(tmp_path, 1, 4, {"b": torch.ones(1)}, 4, 4)
+    _part(tmp_path, 1, 20, {"b": torch.ones(1)}, 20, 20)
     assert ev.once() is None and _names(tmp_path, 0) == _names(tmp_path, 1) == []
     log.close()
 

@@ -66,8 +66,7 @@ class LiveEvaluation:
         k periods after the run's start as the books keep it (restored on a restart): every
         shard of a set, and a restarted one, numbers the same instants alike."""
         with self.rt.lock:
-            tokens, a = self.rt.books.total_tokens(), self.rt.acct
-            start = a.get("start_at") or a["start"]
+            tokens, start = self.rt.books.total_tokens(), self.rt.acct["start"]
         if self.points is not None:
             passed = self.points.due(tokens)
             self.point += passed

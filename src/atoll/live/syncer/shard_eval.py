@@ -35,7 +35,11 @@ def part_dir(shard_dir: Path) -> Path:
     return shard_dir / "eval"
 
 
-KEEP_BEHIND = 2  # an incomplete point this far behind the newest one seen never completes
+# an incomplete point this far behind the newest one seen is dropped: a shard that was down for
+# it, once back, writes the points its restored books have passed (they lag the others' a few),
+# so a point only a little behind may still complete; this bounds the files a set keeps while a
+# shard stays down (with a budget, the points are the eval_points only)
+KEEP_BEHIND = 16
 
 
 class SetEvaluation:
