@@ -14,8 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.live.syncer.endpoints import HttpEndpoints
+from atoll.sim.world import ring_allreduce_bytes
+from atoll.wire import PROTOCOL
+from atoll.wire import atoll_pb2 as pb
 from tests.helpers import SECRET
-from tests.integration.test_reliability_service import _merge_two, _wait
+from tests.integration.test_reliability_service import MD, _merge_two, _wait
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -68,6 +71,24 @@ def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
         rows = {r["id"]: r for r in st["learners"]}
         assert sum(r["bytes_in"] for r in rows.values()) == acct["bytes_in"]
         assert all((r["merged"], r["staleness"]) == (1, 0) for r in rows.values()), rows
+        # and what went down to each: the bytes of its updates, the newest one's version
+        assert sum(r["bytes_out"] for r in rows.values()) == acct["bytes_out"]
+        assert all(r["last"] == "0@1" and r["ranks"] == 1 for r in rows.values()), rows
+        assert all(r["reconnects"] == 0 and r["steps"] == 0 for r in rows.values()), rows
+        # a beat's steps: the data-parallel equivalent counts them, and a reconnect is counted
+        beat = pb.Beat(learner="L0", incarnation="L0", step=7, tokens=448, step_time=0.1)
+        stub.Heartbeat(beat, metadata=MD, timeout=5)
+        again = stub.Join(pb.Hello(protocol=PROTOCOL, learner="L0", incarnation="L0", ranks=4),
+                          metadata=MD)  # fmt: skip
+        next(again)
+        st = json.loads(_get(http.port, "/status.json")[1])
+        l0 = next(r for r in st["learners"] if r["id"] == "L0")
+        assert (l0["steps"], l0["reconnects"], l0["ranks"]) == (7, 1, 4), l0
+        workers = max(service.runtime.opts.expect_learners, 2)
+        nbytes = service.proto.plan.nbytes_fp32()
+        assert st["dp_bytes"] == 7 * ring_allreduce_bytes(nbytes, workers) > 0
+        assert _samples(http.port)["atoll_syncer_data_parallel_bytes"] == st["dp_bytes"]
+        again.cancel()
         for s in streams:
             s.cancel()
     finally:

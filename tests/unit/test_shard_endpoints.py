@@ -32,7 +32,8 @@ def _shards(*statuses: dict | None, now: float = 1010.0) -> list[_Shard]:
 def test_the_set_sums_the_shards_and_takes_the_budget_and_unknown_keys_from_the_home_shard():
     s0 = _status(0, versions=[3, 0, 5], tokens=1200, eval_losses=[[100, 4.1]])
     s0["learners"] = [{"id": "L0", "incarnation": "a", "age_s": 0.4, "tokens": 1200,
-                       "bytes_in": 100, "merged": 3, "staleness": 0}]  # fmt: skip
+                       "bytes_in": 100, "bytes_out": 70, "merged": 3, "staleness": 0,
+                       "steps": 40, "ranks": 2, "reconnects": 0}]  # fmt: skip
     s0["recent_rounds"] = [{"t": 1005.0, "fragment": 0, "participants": ["L0"]}]
     s1 = _status(1, versions=[0, 7, 0], tokens=900, rounds=6, accepted=12, useful_s=2.0)
     s1["learners"] = [
@@ -42,8 +43,12 @@ def test_the_set_sums_the_shards_and_takes_the_budget_and_unknown_keys_from_the_
             "age_s": 1.7,
             "tokens": 900,
             "bytes_in": 50,
+            "bytes_out": 30,
             "merged": 2,
             "staleness": 1,
+            "steps": 39,  # its beat reached this shard before the newest
+            "ranks": 2,
+            "reconnects": 1,
         },
         {"id": "L1", "incarnation": "b", "age_s": 0.2, "tokens": 800},
     ]
@@ -61,6 +66,9 @@ def test_the_set_sums_the_shards_and_takes_the_budget_and_unknown_keys_from_the_
     assert rows["L0"]["age_s"] == 1.7 and rows["L0"]["shards"] == [0, 1]  # the worst age
     # every shard's bytes and merges, the stalest newest merge
     assert (rows["L0"]["bytes_in"], rows["L0"]["merged"], rows["L0"]["staleness"]) == (150, 5, 1)
+    # bytes down summed; steps, island size and reconnects as the most any shard saw
+    assert rows["L0"]["bytes_out"] == 100
+    assert (rows["L0"]["steps"], rows["L0"]["ranks"], rows["L0"]["reconnects"]) == (40, 2, 1)
     assert rows["L1"]["shards"] == [1] and out["learners_live"] == 2
     assert [r["fragment"] for r in out["recent_rounds"]] == [1, 0]  # by time
     assert [r["shard"] for r in out["recent_rounds"]] == [1, 0]

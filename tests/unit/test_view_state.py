@@ -72,3 +72,27 @@ def test_a_view_that_fails_says_so_once_and_the_run_goes_on(tmp_path, capsys):
     view.stop()
     assert len(calls) == 1  # the view ended at its first failure; nothing raised
     assert capsys.readouterr().err.count("the live view stopped") == 1
+
+
+def test_a_syncers_learner_figures_fill_the_rows_until_the_learner_reports_its_own():
+    from atoll.core.events import Step
+
+    s = RunState(learners=2, dp_bytes_per_step=1000.0)  # a custom model: bytes per step
+    row = {"id": "L0", "incarnation": "a", "tokens": 640, "age_s": 0.1, "steps": 10, "ranks": 4,
+           "reconnects": 2, "bytes_in": 5_000, "bytes_out": 7_000, "last": "3@9"}  # fmt: skip
+    s.heard([row], 100.0, 1.5)
+    r = s.row("L0")
+    assert (r.step, r.ranks, r.reconnects, r.up, r.down, r.last) == (10, 4, 2, 5000, 7000, "3@9")
+    assert s.bytes_ratio() == (12_000, 10 * 1000.0)
+    assert "data-parallel 0 MB" in s.line(101.0)  # 10 kB: shown, not "-"
+    # its own step reports, once in the log, replace what the syncer said of it
+    s.feed(Event(101.0, "L0", Step("a", 12, 768, 0.1, 0, None, wire_up=9_000, wire_down=1_000)))
+    s.heard([{**row, "steps": 11}], 102.0, 1.5)
+    assert (s.row("L0").step, s.row("L0").up) == (12, 9_000)
+    assert s.bytes_ratio() == (10_000, 12 * 1000.0)
+
+
+def test_without_a_data_parallel_figure_the_line_says_so():
+    s = RunState(learners=2)
+    s.heard([{"id": "L0", "incarnation": "a", "tokens": 64, "age_s": 0.1, "steps": 1}], 1.0, 1.5)
+    assert "(data-parallel -)" in s.line(2.0)

@@ -243,9 +243,8 @@ def _set_view(
     from atoll.live.view import view_for
 
     expect = learners if learners >= 0 else (job.sim.learners if args.expect < 0 else args.expect)
-    view = view_for(args.run_dir, job.sim, expect, plan=plan, events=events)
-    if args.init or args.init_from:
-        view.state.dp_bytes_per_token = 0.0  # a custom model's tokens per step are not known
+    custom = bool(args.init or args.init_from)  # its tokens per step are not known
+    view = view_for(args.run_dir, job.sim, expect, plan=plan, events=events, per_step=custom)
     view.title = "atoll syncer (shards)"
     return view
 

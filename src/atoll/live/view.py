@@ -38,6 +38,7 @@ class LearnerRow:
     reconnects: int = 0  # its communication side reconnected (without a restart)
     up: int = 0
     down: int = 0
+    reported: bool = False  # its own step reports are in the log (else: what a syncer hears)
     _prev: tuple[float, int] | None = None  # (time, tokens) of the step report before
 
     @property
@@ -52,6 +53,9 @@ class RunState:
     learners: int
     token_budget: int = 0
     dp_bytes_per_token: float = 0.0  # a data-parallel ring all-reduce's bytes per token
+    # per learner step, where tokens per step are not known (a custom model): each
+    # learner's step one data-parallel worker's step
+    dp_bytes_per_step: float = 0.0
     rows: dict[str, LearnerRow] = field(default_factory=dict)
     useful_s: float = 0.0  # metrics.useful_work of the events so far, summed as they come
     rounds: int = 0
@@ -59,6 +63,7 @@ class RunState:
     started: float | None = None  # the first training step
     wire: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     tokens: dict[tuple[str, str], int] = field(default_factory=dict)
+    steps: dict[tuple[str, str], int] = field(default_factory=dict)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (tokens, held-out loss)
     last_accepted: float | None = None  # the end of the training window, once it is over
     _by_join: bool = False  # `started` is the first join, no training step seen yet
@@ -78,13 +83,21 @@ class RunState:
         return r
 
     def heard(self, learners: list[dict[str, Any]], now: float, quiet_s: float) -> None:
-        """What a syncer hears of its learners (their beats: tokens, the age of the last),
-        for a syncer whose event log holds no learner's step reports (learners elsewhere)."""
+        """What a syncer hears of its learners (their beats' tokens and steps, the age of the
+        last; what it took from and sent to each: syncer/roster.py), for learners whose own
+        step reports are not in the log (learners elsewhere)."""
         for x in learners:
-            r = self.row(x["id"])
-            if r.step == 0:  # no step report of its own in the log: the beats are its figures
-                self._tokens(x["id"], x["incarnation"], now, int(x["tokens"]))
+            lid = x["id"]
+            r = self.row(lid)
             r.state = "quiet" if x["age_s"] > quiet_s else "training"
+            if r.reported:
+                continue  # its own step reports are in the log: they are its figures
+            self._tokens(lid, x["incarnation"], now, int(x["tokens"]))
+            r.step = self.steps[(lid, "syncer")] = int(x.get("steps", 0))
+            r.ranks, r.reconnects = int(x.get("ranks", 1)), int(x.get("reconnects", 0))
+            r.up, r.down = int(x.get("bytes_in", 0)), int(x.get("bytes_out", 0))
+            self.wire[(lid, "syncer")] = (r.up, r.down)
+            r.last = x.get("last") or "-"
         if self.started is None and learners:
             self.started = now
 
@@ -97,7 +110,10 @@ class RunState:
             self.evals.append((d.tokens, d.eval_loss))
         elif kind == "step":
             r = self._tokens(e.source, d.incarnation, e.t, d.tokens)
-            r.step, r.state = d.step, "training"
+            r.step, r.state, r.reported = d.step, "training", True
+            self.steps[(e.source, d.incarnation)] = d.step
+            self.steps.pop((e.source, "syncer"), None)  # what the syncer said of it before
+            self.wire.pop((e.source, "syncer"), None)
             if d.wire_up is not None:
                 self.wire[(e.source, d.incarnation)] = (d.wire_up, d.wire_down or 0)
                 r.up, r.down = d.wire_up, d.wire_down or 0
@@ -141,7 +157,9 @@ class RunState:
     def bytes_ratio(self) -> tuple[int, float]:
         """(bytes on the wire both ways, data-parallel's bytes for the same tokens)."""
         wire = sum(u + d for u, d in self.wire.values())
-        return wire, self.dp_bytes_per_token * self.total_tokens()
+        if self.dp_bytes_per_token:
+            return wire, self.dp_bytes_per_token * self.total_tokens()
+        return wire, self.dp_bytes_per_step * sum(self.steps.values())
 
     def line(self, now: float) -> str:
         """The run in one plain line."""
@@ -150,7 +168,7 @@ class RunState:
         per = sum(self.participants) / len(self.participants) if self.participants else 0.0
         live = sum(1 for r in self.rows.values() if r.state == "training")
         budget = f"/{self.token_budget:,}" if self.token_budget else ""
-        dp_mb = f"{dp / 1e6:.0f} MB" if self.dp_bytes_per_token else "-"
+        dp_mb = f"{dp / 1e6:.0f} MB" if self.dp_bytes_per_token or self.dp_bytes_per_step else "-"
         return (
             f"tokens {self.total_tokens():,}{budget}  rounds {self.rounds}  "
             f"learners/round {per:.2f}  training {live}/{self.learners}  "
@@ -349,17 +367,20 @@ def view_for(
     sinks: list | None = None,
     plan: Any = None,
     events: Path | None = None,
+    per_step: bool = False,
 ) -> RunView:
     """The view of a run with settings `scfg`: its token budget, and what a data-parallel ring
     all-reduce of fp32 gradients would send per token (of the built-in model, or of `plan`'s
-    model at the settings' batch and context)."""
+    model at the settings' batch and context), or with `per_step` per learner step (a custom
+    model, whose tokens per step are the learners')."""
     from atoll.bandwidth.model import allreduce_factor
     from atoll.model.recipe import builtin_plan
 
     plan = plan if plan is not None else builtin_plan(scfg)[0]
-    per_token = (
-        allreduce_factor("ring", learners) * plan.nbytes_fp32() / (scfg.batch * scfg.context)
-    )
-    state = RunState(learners, scfg.token_budget(), per_token)
+    step = allreduce_factor("ring", learners) * plan.nbytes_fp32()
+    if per_step:
+        state = RunState(learners, scfg.token_budget(), dp_bytes_per_step=step)
+    else:
+        state = RunState(learners, scfg.token_budget(), step / (scfg.batch * scfg.context))
     path = events if events is not None else Path(run_dir) / "events.jsonl"
     return RunView(path, state, display=display, sinks=sinks)

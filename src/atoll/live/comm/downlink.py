@@ -56,6 +56,7 @@ class Downlink(Part):
             past = Resume(tuple(st.base_versions), tuple(st.latest_versions), keep_progress=keep)
             h = convert.hello(self.id, self.o.incarnation, past, self.session.epoch)
         h.shard, h.shards = self.o.shard, self.o.shards  # the shard it takes its syncer for
+        h.ranks = self.o.ranks
         return h
 
     def run(self) -> None:

@@ -155,6 +155,7 @@ class Learner:
             events_path=str(self.events.path) if self.events.path else None,
             faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
             digests=tuple((n, codec.digest(t)) for n, t in self.params.items() if n not in sharded),
+            ranks=self.island.size if self.island is not None else 1,
         )  # fmt: skip
         with Leading(self.island):
             self.port = self._open_port(comm, opts)

@@ -53,6 +53,7 @@ class CommOptions:
     # shard's connection is told which shard it takes its syncer for
     shard: int = 0
     shards: int = 0
+    ranks: int = 1  # the island's size, said in the Hello (the syncer's page shows it)
 
 
 # -- down: training -> communication ---------------------------------------------------------

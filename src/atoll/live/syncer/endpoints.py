@@ -15,6 +15,8 @@
     atoll_syncer_eval_loss                  the global model's latest held-out loss
                                             (syncer/evaluation.py), when evaluated
     atoll_syncer_learners_live              live sessions
+    atoll_syncer_data_parallel_bytes        what a data-parallel ring all-reduce of fp32
+                                            gradients would have sent for the learners' steps
     atoll_syncer_tokens_total               tokens the learners report
     atoll_syncer_round_latency_seconds      histogram: quorum wait + grace of each round
     atoll_syncer_quorum_wait_seconds_total / _grace_seconds_total
@@ -44,6 +46,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from atoll import metrics
 from atoll.core.events import Accepted, Evaluated, Event, Joined, Lost, Refused, RoundClosed
 from atoll.live.syncer.page import PAGE
+from atoll.sim.world import ring_allreduce_bytes
 from atoll.threads import guarded
 
 if TYPE_CHECKING:
@@ -56,7 +59,6 @@ MAX_REASONS = 32  # refusal reasons kept as labels; the rest count as "other"
 RECENT_ROUNDS = 60  # rounds on the status page's participation strip
 RECENT_MARKS = 50  # failures (lost) and (re)joins listed on it
 EVALS = 500  # held-out losses on the page's loss chart
-MAX_LEARNER_ROWS = 4096  # learners whose own figures are kept (then: the live ones)
 
 
 class SyncerMetrics:
@@ -83,13 +85,12 @@ class SyncerMetrics:
         self.marks: deque[dict[str, Any]] = deque(maxlen=RECENT_MARKS)  # failures, rejoins
         self.evals: deque[dict[str, Any]] = deque(maxlen=EVALS)  # the loss chart's points
         self.last_accepted: float | None = None
-        self.per_learner: dict[str, dict[str, int]] = {}  # bytes taken, merges, staleness
+        self.model_bytes = rt.plan.nbytes_fp32()
 
     def observe(self, e: Event) -> None:
         match e.data:
-            case Accepted(learner=lid, bytes=n):
+            case Accepted():
                 self.last_accepted = e.t
-                self._learner(lid)["bytes_in"] += n
             case Evaluated():
                 self.evals.append(eval_row(e.t, e.data))
             case Refused(reason=reason):
@@ -105,25 +106,18 @@ class SyncerMetrics:
                 self.recent.append(
                     {"t": e.t, "fragment": d.fragment, "participants": list(d.participants)}
                 )
-                for lid, st in zip(d.participants, d.staleness, strict=False):
-                    row = self._learner(lid)
-                    row["merged"] += 1
-                    row["staleness"] = st
             case Lost(learner=lid):
                 self.marks.append({"t": e.t, "kind": "lost", "learner": lid})
             case Joined(learner=lid):
                 self.marks.append({"t": e.t, "kind": "joined", "learner": lid})
 
-    def _learner(self, lid: str) -> dict[str, int]:
-        """A learner's own figures (its contribution bytes taken, its contributions merged, the
-        staleness of the newest); past MAX_LEARNER_ROWS, only live learners' are kept."""
-        row = self.per_learner.get(lid)
-        if row is None:
-            if len(self.per_learner) >= MAX_LEARNER_ROWS:
-                live = self.rt.sessions
-                self.per_learner = {k: v for k, v in self.per_learner.items() if k in live}
-            row = self.per_learner[lid] = {"bytes_in": 0, "merged": 0, "staleness": -1}
-        return row
+    def _dp_bytes(self) -> int:
+        """What a data-parallel ring all-reduce of fp32 gradients would have sent for the
+        learners' steps: each learner's step one worker's step, as many workers as learners
+        expected (or live, if more); lock held."""
+        rt = self.rt
+        workers = max(rt.opts.expect_learners, len(rt.sessions), 1)
+        return rt.roster.total_steps() * ring_allreduce_bytes(self.model_bytes, workers)
 
     def status(self) -> dict[str, Any]:
         """What /status.json shows, and the books /metrics reads (copied under the lock)."""
@@ -140,6 +134,7 @@ class SyncerMetrics:
                 "learners_live": len(rt.sessions),
                 "learners_expected": rt.opts.expect_learners,
                 "tokens": rt.books.total_tokens(),
+                "dp_bytes": self._dp_bytes(),
                 "token_budget": rt.opts.token_budget,
                 **{k: a[k] for k in ("accepted", "refused", "bytes_in", "bytes_out")},
                 "useful_s": a["useful_s"],
@@ -151,7 +146,7 @@ class SyncerMetrics:
                         "incarnation": sess.incarnation,
                         "age_s": round(time.time() - sess.last_seen, 2),
                         "tokens": int(a["tokens"].get(f"{lid}/{sess.incarnation}", 0)),
-                        **self.per_learner.get(lid, {}),
+                        **(rt.roster.rows[lid].row() if lid in rt.roster.rows else {}),
                     }
                     for lid, sess in sorted(rt.sessions.items())
                 ],  # fmt: skip
@@ -213,6 +208,10 @@ class _Books:
             yield CounterMetricFamily(p + name, what, value=s[key])
         yield GaugeMetricFamily(p + "goodput", "useful s / (learners x s)", s["goodput"])
         yield GaugeMetricFamily(p + "learners_live", "live sessions", s["learners_live"])
+        yield GaugeMetricFamily(
+            p + "data_parallel_bytes", "a data-parallel all-reduce's bytes for these steps",
+            s["dp_bytes"],
+        )  # fmt: skip
         yield from eval_gauge(s["evals"])
         info = GaugeMetricFamily(p + "info", "this syncer", labels=["epoch", "shard", "shards"])
         info.add_metric([s["epoch"], str(s["shard"]), str(s["shards"])], 1)

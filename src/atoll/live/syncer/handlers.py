@@ -45,7 +45,7 @@ class Handlers(pbg.SyncerServicer):
         self.max_bytes = welcome.max_fragment_bytes
 
     # -- Join ---------------------------------------------------------------------------------
-    def _frames(self, u, heal: bool = False) -> Iterator[pb.Down]:
+    def _frames(self, u, learner: str, heal: bool = False) -> Iterator[pb.Down]:
         chunk = self._welcome.chunk_bytes
         inline = len(u.payload) <= chunk  # one message instead of two
         yield pb.Down(update=convert.update_header(u, heal, inline))
@@ -53,6 +53,7 @@ class Handlers(pbg.SyncerServicer):
             yield pb.Down(chunk=part)
         with self.rt.lock:
             self.rt.acct["bytes_out"] += len(u.payload)
+            self.rt.roster.sent(learner, u.fragment, u.version, len(u.payload))
 
     def _check_shard(self, hello: pb.Hello, context: grpc.ServicerContext) -> None:
         """A learner must take this syncer for the shard it is (core/shards.py)."""
@@ -86,6 +87,7 @@ class Handlers(pbg.SyncerServicer):
             sess = Session(hello.learner, hello.incarnation, now)
             rt.sessions[hello.learner] = sess
             rt.books.joined(hello.learner, hello.incarnation)
+            rt.roster.joined(hello.learner, hello.incarnation, hello.ranks, rt.sessions)
             msg = next(o.message for o in outs if isinstance(o, Send))
             heal = isinstance(msg, Heal)
             rt.process(now, [o for o in outs if not isinstance(o, Send)])
@@ -100,7 +102,7 @@ class Handlers(pbg.SyncerServicer):
         yield pb.Down(welcome=w)
         if heal:
             for u in msg.updates:
-                yield from self._frames(u, heal=True)
+                yield from self._frames(u, hello.learner, heal=True)
         while not sess.closed and not rt.stopping.is_set():
             item = sess.get(0.5)
             if item is None:
@@ -108,7 +110,7 @@ class Handlers(pbg.SyncerServicer):
             if isinstance(item, tuple):
                 yield pb.Down(notice=pb.Notice(kind=item[0], text=item[1]))
             else:
-                yield from self._frames(item)
+                yield from self._frames(item, hello.learner)
 
     def _over_limit(
         self, context: grpc.ServicerContext, what: str, limit: int, learner: str
@@ -187,7 +189,10 @@ class Handlers(pbg.SyncerServicer):
             known = sess is not None and sess.incarnation == beat.incarnation
             if known:  # only a joined learner's counters count, and only within bounds
                 sess.last_seen = now
-                rt.books.beat(beat.learner, beat.incarnation, beat.step, beat.tokens, beat.work_s)
+                if rt.books.beat(
+                    beat.learner, beat.incarnation, beat.step, beat.tokens, beat.work_s
+                ):
+                    rt.roster.beat(beat.learner, beat.incarnation, beat.step)
                 rt.process(now, rt.proto.on_progress(now, convert.progress_from_beat(beat, now)))
             answer = rt.beat_answer()
         return convert.beat_reply(rt.epoch, known, answer)

@@ -1,9 +1,11 @@
 """The syncer's status page (`/` of `atoll syncer --http-port`): one self-contained HTML file,
-no external resource, that reads `/status.json` every second and draws the learners (heartbeat
-ages turn red when a learner goes quiet), the run's figures, goodput and tokens over time,
-a learner x round participation strip, the failures and rejoins the syncer saw (listed, and
-marked on the goodput chart: red lost, green joined), and the global model's held-out loss
-against tokens as the syncer evaluates it (syncer/evaluation.py).
+no external resource, that reads `/status.json` every second and draws the learners (island
+size, heartbeat age, turning red when a learner goes quiet, steps, tokens, the last update sent
+to it, merges, staleness, reconnects, bytes each way: syncer/roster.py), the run's figures
+(bytes against the data-parallel equivalent, a bar to the token budget), goodput and tokens
+over time, a learner x round participation strip, the failures and rejoins the syncer saw
+(listed, and marked on the goodput chart: red lost, green joined), and the global model's
+held-out loss against tokens as the syncer evaluates it (syncer/evaluation.py).
 A shard set's page (shard_endpoints.py: `shards` is a list) also has one row per shard, red
 while it does not answer."""
 
@@ -11,8 +13,9 @@ PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>atoll syncer</title>
 <style>
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
-text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}
+table{border-collapse:collapse;margin:.5em 0;font-size:14px}td,th{border:1px solid #ccc;
+padding:.2em .45em;text-align:right;white-space:nowrap}th{background:#f3f3f3}
+td:first-child{text-align:left}
 .quiet{background:#f8d0d0;color:#900}.ok{color:#070}
 canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 #figs span{margin-right:1.4em}
@@ -21,8 +24,9 @@ canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 <div id="figs"></div>
 <div id="shardset"></div>
 <h3>Learners</h3>
-<table id="learners"><thead><tr><th>learner</th><th>incarnation</th><th>heartbeat age</th>
-<th>tokens</th><th>tokens/s</th><th>merged</th><th>staleness</th><th>MB in</th></tr></thead>
+<table id="learners"><thead><tr><th>learner</th><th>incarnation</th><th>ranks</th>
+<th>beat age</th><th>steps</th><th>tokens</th><th>tokens/s</th><th>last update</th>
+<th>merged</th><th>stale</th><th>reconnects</th><th>MB up / down</th></tr></thead>
 <tbody></tbody></table>
 <h3>Held-out loss of the global model, against tokens</h3>
 <canvas id="loss" width="420" height="160"></canvas> <span id="lossnote"></span>
@@ -85,8 +89,11 @@ async function tick() {
       `<span>tokens <b>${s.tokens.toLocaleString()}</b>${budget}</span>` +
       `<span>goodput <b>${(100 * s.goodput).toFixed(1)}%</b></span>` +
       `<span>bytes in/out <b>${(s.bytes_in / 1e6).toFixed(2)} / ` +
-      `${(s.bytes_out / 1e6).toFixed(2)} MB</b></span>` +
-      `<span>refused <b>${s.refused}</b></span>`;
+      `${(s.bytes_out / 1e6).toFixed(2)} MB</b> (data-parallel ` +
+      `${s.dp_bytes ? (s.dp_bytes / 1e6).toFixed(0) + ' MB' : '-'})</span>` +
+      `<span>refused <b>${s.refused}</b></span>` +
+      (s.token_budget ? `<progress id="budget" max="${s.token_budget}" value="` +
+                        `${Math.min(s.tokens, s.token_budget)}"></progress>` : '');
     const body = document.querySelector('#learners tbody');
     const now = Date.now() / 1000;
     body.innerHTML = s.learners.map(l => {
@@ -96,11 +103,14 @@ async function tick() {
                                                           : (p ? p.rate : 0);
       seen[key] = {t: now, tokens: l.tokens, rate: rate};
       const st = l.staleness === undefined || l.staleness < 0 ? '-' : l.staleness;
+      const mb = v => ((v || 0) / 1e6).toFixed(2);
       return `<tr class="${quiet ? 'quiet' : ''}"><td>${l.id}</td><td>${l.incarnation}</td>` +
+             `<td>${l.ranks || 1}</td>` +
              `<td class="${quiet ? '' : 'ok'}">${l.age_s.toFixed(1)} s</td>` +
+             `<td>${(l.steps || 0).toLocaleString()}</td>` +
              `<td>${l.tokens.toLocaleString()}</td><td>${Math.round(rate).toLocaleString()}</td>` +
-             `<td>${l.merged || 0}</td><td>${st}</td>` +
-             `<td>${((l.bytes_in || 0) / 1e6).toFixed(2)}</td></tr>`;
+             `<td>${l.last || '-'}</td><td>${l.merged || 0}</td><td>${st}</td>` +
+             `<td>${l.reconnects || 0}</td><td>${mb(l.bytes_in)} / ${mb(l.bytes_out)}</td></tr>`;
     }).join('');
     document.getElementById('marks').innerHTML = s.marks.slice().reverse().map(m =>
       `<li>${new Date(m.t * 1000).toLocaleTimeString()} ${m.kind} ${m.learner}` +

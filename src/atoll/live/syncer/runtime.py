@@ -44,6 +44,7 @@ from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
 from atoll.live.syncer.books import Books, new_accounts
 from atoll.live.syncer.outbox import Control, Session
+from atoll.live.syncer.roster import Roster
 from atoll.live.syncer.store import RestoreResult, Tape, commit_record, restore, write_snapshot
 from atoll.threads import guarded
 
@@ -80,6 +81,7 @@ class SyncerRuntime:
         self.acct = new_accounts()
         self.books = Books(self.acct)
         self.observers: list[Any] = []  # called with every event accounted (lock held)
+        self.roster = Roster()  # each learner's figures (the page's rows)
         self.tape = Tape(opts.run_dir / "tape", fsync=opts.tape_fsync)
         self.snapshot_path = opts.run_dir / "snapshot.safetensors"
         self.restored = self._restore()
@@ -160,6 +162,7 @@ class SyncerRuntime:
         for o in outputs:
             if isinstance(o, Event):
                 self._account(o)
+                self.roster.observe(o, self.sessions)
                 for observe in self.observers:
                     observe(o)
                 self.events.write(o)

@@ -168,11 +168,11 @@ def combine(
             have = learners.get(row.get("id"))
             if have is None:
                 learners[row.get("id")] = {**row, "shards": [i]}
-            else:  # the oldest beat, every shard's bytes and merges, the stalest newest merge
-                have["age_s"] = max(_num(have.get("age_s")), _num(row.get("age_s")))
-                for k in ("bytes_in", "merged"):
+            else:  # every shard's bytes and merges; the oldest beat, the stalest newest
+                for k in ("bytes_in", "bytes_out", "merged"):  # merge, the most reconnects
                     have[k] = _num(have.get(k)) + _num(row.get(k))
-                have["staleness"] = max(_num(have.get("staleness")), _num(row.get("staleness")))
+                for k in ("age_s", "staleness", "reconnects", "steps", "ranks"):
+                    have[k] = max(_num(have.get(k)), _num(row.get(k)))
                 have["shards"].append(i)
     out["learners"] = [learners[k] for k in sorted(learners, key=str)]
     out["learners_live"] = len(learners)
