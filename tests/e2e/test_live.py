@@ -78,7 +78,7 @@ def syncer(tmp_path, request):
         stderr=subprocess.STDOUT,
     )
     addr_file = tmp_path / "syncer.addr"
-    until = time.time() + 30
+    until = time.time() + 90
     while not addr_file.exists() and time.time() < until and proc.poll() is None:
         time.sleep(0.05)
     assert addr_file.exists(), proc.stdout.read().decode() if proc.poll() is not None else "no addr"
@@ -245,7 +245,7 @@ def test_sender_killed_mid_transfer_leaves_no_partial_contribution(syncer):
     time.sleep(0.3)
     sender.send_signal(signal.SIGKILL)
     sender.wait()
-    until = time.time() + 10
+    until = time.time() + 30
     broken = []
     while time.time() < until and not broken:
         broken = [
@@ -424,7 +424,7 @@ def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):
     )  # fmt: skip
     try:
         addr_file = tmp_path / "syncer.addr"
-        until = time.time() + 30
+        until = time.time() + 90
         while not addr_file.exists() and time.time() < until and proc.poll() is None:
             time.sleep(0.05)
         addr = addr_file.read_text()

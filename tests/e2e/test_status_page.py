@@ -103,9 +103,11 @@ def test_the_status_page_shows_the_learners_live_in_a_browser(tmp_path):
         while not evals():  # the syncer's first held-out evaluation, at 1/8 of the budget
             assert time.time() < until, driver.page_source[-2000:]
             time.sleep(0.5)
-        time.sleep(1.5)
+        until = time.time() + 90  # the loss chart is a line from the second evaluation
         for canvas in ("goodput", "tokens", "strip", "loss"):
-            assert driver.execute_script(INK, canvas) > 100, canvas  # drawn, not blank
+            while driver.execute_script(INK, canvas) <= 100:  # drawn, not blank
+                assert time.time() < until, (canvas, driver.execute_script(INK, canvas))
+                time.sleep(0.5)
         driver.save_screenshot(str(tmp_path / "status_page.png"))
         assert (tmp_path / "status_page.png").stat().st_size > 10_000
         assert SECRET not in driver.page_source
