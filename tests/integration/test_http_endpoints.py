@@ -47,7 +47,10 @@ def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
         _wait(lambda: service.proto.rounds_closed >= 1, "a round to close")
         next(streams[0])  # the update sent to both: bytes out, settled before the scrape
         next(streams[1])
-        _wait(lambda: service.runtime.acct["bytes_out"] > 0, "bytes out")
+        # the syncer counts an update's bytes once its last frame is taken from the stream: wait
+        # for both learners' counts (the client can hold the update before the count is made)
+        roster = service.runtime.roster
+        _wait(lambda: [r.last for r in roster.rows.values()] == ["0@1"] * 2, "both counted")
         m = _samples(http.port)
         with service.lock:
             rounds, acct = service.proto.rounds_closed, dict(service.runtime.acct)
