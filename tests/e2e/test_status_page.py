@@ -81,14 +81,20 @@ def test_the_status_page_shows_the_learners_live_in_a_browser(tmp_path):
             assert time.time() < until, driver.page_source[-2000:]
             time.sleep(0.5)
         assert {r.split()[0] for r in rows()} == {"L0", "L1"}
-        cells = driver.execute_script(
-            "return [...document.querySelectorAll('#learners tbody tr')]"
-            ".map(r => [...r.cells].map(c => c.innerText))"
-        )
-        for c in cells:  # island size, the newest update sent, bytes up / down
-            assert (
-                c[2] == "1" and re.fullmatch(r"\d+@\d+", c[7]) and float(c[11].split("/")[1]) > 0
-            ), c
+
+        def cells() -> list[list[str]]:
+            return driver.execute_script(
+                "return [...document.querySelectorAll('#learners tbody tr')]"
+                ".map(r => [...r.cells].map(c => c.innerText))"
+            )
+
+        def filled(c: list[str]) -> bool:  # island size, the newest update sent, MB up / down
+            mb_down = float(c[11].split("/")[1])  # 0.00 until a few updates went down
+            return c[2] == "1" and bool(re.fullmatch(r"\d+@\d+", c[7])) and mb_down > 0
+
+        while not all(filled(c) for c in cells()):
+            assert time.time() < until, cells()
+            time.sleep(0.5)
         assert driver.execute_script("return document.getElementById('budget') !== null")
         first = rounds()
         while rounds() == first:  # a value updates
