@@ -114,22 +114,32 @@ def syncer_in_process(tmp_path: Path) -> Iterator[tuple[Any, Any, list[int], Pat
 
 
 # -- a syncer process (e2e tests) ---------------------------------------------------------------
+def started_address(proc, run_dir: Path, timeout: float) -> str:
+    """The address the `atoll syncer` process `proc` writes in `run_dir` once it listens; if it
+    ends or `timeout` seconds pass first, it is killed and the test fails with its output."""
+    from atoll.live.client import syncer_address
+
+    addr = syncer_address(run_dir, timeout, alive=lambda: proc.poll() is None)
+    if addr is None:
+        proc.kill()
+        out = proc.communicate()[0] or b""  # None: its output was not piped
+        raise AssertionError(f"the syncer did not start: {out.decode()[-2000:]}")
+    return addr
+
+
 def syncer_process(run_dir: Path, argv: list[str], env: dict, cwd: Path | None = None) -> tuple:
     """`atoll syncer --run-dir run_dir *argv` as a process, once it serves (its secret from
     `env`'s ATOLL_SECRET, the run id RUN unless argv names one). Returns (process, address)."""
     import subprocess
     import sys
 
-    from atoll.live.client import syncer_address, wait_ready
+    from atoll.live.client import wait_ready
 
     cmd = [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir), *argv]
     if "--run-id" not in argv:
         cmd += ["--run-id", RUN]
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    addr = syncer_address(run_dir, 60, alive=lambda: proc.poll() is None)
-    if addr is None:
-        proc.kill()
-        raise AssertionError(f"the syncer did not start: {proc.communicate()[0].decode()[-2000:]}")
+    addr = started_address(proc, run_dir, 60)
     wait_ready(addr, argv[argv.index("--run-id") + 1] if "--run-id" in argv else RUN,
                env["ATOLL_SECRET"], 20)  # fmt: skip
     return proc, addr

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from atoll.eventlog import read_events
+from tests.helpers import started_address
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +174,7 @@ def test_a_full_disk_stops_the_syncer_before_it_sends_an_unrecorded_round(tmp_pa
     import torch
 
     from atoll.config import SimConfig
-    from atoll.live.client import syncer_address, wait_ready
+    from atoll.live.client import wait_ready
     from atoll.live.learner import Learner
     from atoll.model.recipe import new_model
 
@@ -181,10 +182,7 @@ def test_a_full_disk_stops_the_syncer_before_it_sends_an_unrecorded_round(tmp_pa
     run_dir.mkdir()
     proc = _syncer(run_dir, fsize=150_000)
     # bounds, not timings: the suite's other worker may be running processes on the same cores
-    addr = syncer_address(run_dir, 90, alive=lambda: proc.poll() is None)
-    if addr is None:
-        proc.kill()
-        raise AssertionError(f"the syncer did not start: {proc.communicate()[0].decode()[-2000:]}")
+    addr = started_address(proc, run_dir, 90)
     wait_ready(addr, "disk", "disk-secret-0123", 20)
     cfg = SimConfig(n_layer=1, d_model=16, n_head=2, context=16, batch=4, P=4, H=4)
     model = new_model(cfg)

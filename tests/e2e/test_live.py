@@ -26,6 +26,7 @@ from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata
 from atoll.wire.chunks import crc32
+from tests.helpers import started_address
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -77,12 +78,7 @@ def syncer(tmp_path, request):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    addr_file = tmp_path / "syncer.addr"
-    until = time.time() + 90
-    while not addr_file.exists() and time.time() < until and proc.poll() is None:
-        time.sleep(0.05)
-    assert addr_file.exists(), proc.stdout.read().decode() if proc.poll() is not None else "no addr"
-    addr = addr_file.read_text()
+    addr = started_address(proc, tmp_path, 90)
     wait_ready(addr, RUN, SECRET, 20)
     yield addr, tmp_path, proc
     if proc.poll() is None:
@@ -423,11 +419,7 @@ def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        addr_file = tmp_path / "syncer.addr"
-        until = time.time() + 90
-        while not addr_file.exists() and time.time() < until and proc.poll() is None:
-            time.sleep(0.05)
-        addr = addr_file.read_text()
+        addr = started_address(proc, tmp_path, 90)
         wait_ready(addr, RUN, SECRET, 20, tls_ca=cert)
         with pytest.raises(grpc.RpcError) as err:  # plaintext to a TLS port: no answer
             status(addr, RUN, SECRET, timeout=2.0)
