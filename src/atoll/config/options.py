@@ -62,8 +62,9 @@ def syncer_options(
         snapshot_every_s=live.snapshot_every_s,
         snapshot_history=live.snapshot_history,
         tape_fsync=live.tape_fsync,
-        # the token budget is counted by the home shard (0) alone (core/shards.py)
-        token_budget=job.sim.token_budget() if budget and not (shard and shard.index) else 0,
+        # every shard counts the budget (its run ends by it); learners take the home shard's
+        # (0) stop and remaining tokens (core/shards.py)
+        token_budget=job.sim.token_budget() if budget else 0,
         tls_cert=tls_cert,
         tls_key=tls_key,
         expect_learners=job.run.learners if expect is None else expect,

@@ -7,11 +7,25 @@ every learner to stop in its heartbeat replies, and tells each how much remains 
 learners share it (so that a learner can pace its last steps). A run that expects `expect`
 learners gives them one start time, `delay_s` after the last of them joined, so that they
 start their first step together.
+
+When a run with a budget is over (`RunEnd`, asked by `SyncerProtocol.run_over`): the budget is
+spent and every learner has flushed (each learner ends its session after its final flush and
+final heartbeat; the last one to leave ends the run), or the window after the budget has
+passed. That window is fixed when the budget is spent: `after_s` (the live syncer's
+`lost_after_s`: a learner with a session heartbeats more often than that, so it has heard the
+stop within it) plus the pull's answer window then (pacing.py: the slowest listening learner's
+step and its upload time, in which its final flush arrives). A learner that vanished, never
+flushes or joins after the budget holds the run at most until then.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Set
 from dataclasses import dataclass
+
+from atoll.core.events import Event, RunOver
+from atoll.core.messages import RunDeadline, SetTimer
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,56 @@ class TokenBudget:
             remaining=max(self.budget - total_tokens, 0),
             live=max(live, 1),
         )
+
+
+@dataclass
+class RunEnd:
+    """The end of a run with a token budget (module docstring). No budget: never over."""
+
+    budget: TokenBudget
+    after_s: float = 0.0
+    spent_at: float | None = None
+    deadline: float = math.inf  # the end of the window after the budget
+    left: bool = False  # a learner's session ended since the budget was spent
+    given: bool = False  # the RunOver event was given
+
+    def on_tokens(self, now: float, total: int, window: float, live: Set[str]) -> list:
+        """`counted`, as the protocol's outputs: the deadline's timer, and the end at once when
+        no learner is left."""
+        if not self.counted(now, total, window):
+            return []
+        return [SetTimer(self.deadline, RunDeadline()), *self.check(now, live)]
+
+    def check(self, now: float, live: Set[str]) -> list[Event]:
+        """The `RunOver` event, once, when the run is over at `now` (`over`)."""
+        if self.given or not self.over(now, len(live)):
+            return []
+        self.given = True
+        why = "flushed" if not live and self.left else "window"
+        left = sorted(live) if why == "window" else None
+        return [Event(now, "syncer", RunOver(why, round(now - (self.spent_at or now), 3), left))]
+
+    def counted(self, now: float, total_tokens: int, answer_window: float) -> bool:
+        """The run has counted `total_tokens` at `now`: True when that spends the budget (once);
+        the window after it is then `after_s` + `answer_window`."""
+        if self.spent_at is not None or not self.budget.stop_requested(total_tokens):
+            return False
+        self.spent_at = now
+        self.deadline = now + self.after_s + max(answer_window, 0.0)
+        return True
+
+    def session_ended(self) -> None:
+        """A learner left (its final flush sent, or lost)."""
+        if self.spent_at is not None:
+            self.left = True
+
+    def over(self, now: float, live: int) -> bool:
+        """Whether the run is over at `now` with `live` learner sessions: the budget spent, and
+        every learner gone since (none live, one at least left after the budget), or the
+        window after the budget passed."""
+        if self.spent_at is None:
+            return False
+        return (live == 0 and self.left) or now >= self.deadline
 
 
 @dataclass

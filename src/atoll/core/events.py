@@ -10,7 +10,8 @@ This module is the whole vocabulary: a kind not defined here cannot be written
 
 Fields are each record's dataclass fields (below). Who writes which:
 Protocol, syncer (atoll.core.syncer): joined, lost, accepted, refused, round_closed (a merge:
-    participants, weights, staleness, scale, waits, bytes), merge_refused (a round dropped: its
+    participants, weights, staleness, scale, waits, bytes), run_over (the budget spent and
+    every learner gone, or the window after it passed), merge_refused (a round dropped: its
     merge was not finite), link_bottleneck (a learner's uploads take longer than the overlap)
 Protocol, learner (atoll.core.learner): healed, applied, blocked (a wait at a step boundary),
     heal_needed (an update that does not chain), push_refused (the syncer refused a send)
@@ -79,6 +80,17 @@ class Joined(Record):
 class Lost(Record):
     learner: str
     why: str | None = None
+
+
+@_kind("run_over")
+class RunOver(Record):
+    """The token budget is spent and the run is over (core/budget.py, `RunEnd`): every learner
+    left after its final flush ("flushed"), or the window after the budget passed ("window",
+    `left`: the learners still with a session)."""
+
+    reason: str
+    waited_s: float
+    left: list[str] | None = None
 
 
 @_kind("accepted")

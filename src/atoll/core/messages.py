@@ -241,7 +241,12 @@ class CloseRound:
     round_id: int
 
 
-TimerKey = PullTick | CloseRound
+@dataclass(frozen=True)
+class RunDeadline:
+    """Timer key: the window after the token budget has passed (core/budget.py, `RunEnd`)."""
+
+
+TimerKey = PullTick | CloseRound | RunDeadline
 
 
 @dataclass(frozen=True)

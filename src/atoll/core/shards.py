@@ -10,8 +10,9 @@ pull clock and membership.
 How the shards stay consistent (docs/deploy.md, "A sharded syncer"):
 - membership: a learner joins every shard (one connection each, learners take the shard
   addresses in order); each shard admits, heals or resumes it for its own fragments;
-- the token budget: counted by shard 0 (the home shard) from the learners' heartbeats, which go
-  to every shard; the others run without a budget and end when the run's launcher stops them;
+- the token budget: counted by every shard from the learners' heartbeats, which go to every
+  shard; learners take the stop and the tokens left from shard 0 (the home shard); each shard's
+  run is over by its own count (core/budget.py, `RunEnd`), and the set when every shard's is;
 - the pull schedule: fragment p is pulled at the ticks g with g mod H = offset(p) by the shard
   that serves it; every shard times its tick clock from the same step reports, so each
   fragment is still synchronised once per H steps.

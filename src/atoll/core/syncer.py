@@ -3,7 +3,8 @@
 It holds the global value Theta_p and outer-optimizer state of every fragment. Inputs:
 `on_join` (a learner (re)connects: it heals, or resumes with its progress), `on_listening`
 (its pull channel opened or closed), `on_lost`, `on_contribution`, `on_progress`,
-`on_timer`, `close_all` (end of run). Outputs: `Send` (to a learner), `SetTimer`, `Event`s
+`on_tokens` (the run's counted tokens), `on_timer`, `close_all` (end of run). `run_over`: whether
+a run with a token budget is over (core/budget.py, `RunEnd`; its `RunOver` event says when). Outputs: `Send` (to a learner), `SetTimer`, `Event`s
 for the stream, and records a driver acts on: `Commit` (a merge to make durable before its
 updates go out) and `PushAnswer` (the reply to a contribution). Durable state:
 `state_dict()` / `load_state_dict()` (atoll.core.state).
@@ -44,6 +45,7 @@ import torch
 
 from atoll.core import codec
 from atoll.core.admission import HealCache, SeenVersions, can_resume
+from atoll.core.budget import RunEnd, TokenBudget
 from atoll.core.checks import check_contribution, decode_checked
 from atoll.core.counters import token_weight
 from atoll.core.delivery import Delivery
@@ -74,6 +76,7 @@ from atoll.core.messages import (
     Rejection,
     Resume,
     Resumed,
+    RunDeadline,
     Send,
     SetTimer,
     TimerKey,
@@ -104,9 +107,11 @@ class SyncerProtocol:
         init: list[torch.Tensor],
         config: SyncerConfig | None = None,
         owned: frozenset[int] | None = None,
+        end: RunEnd | None = None,
     ) -> None:
         """`owned`: the fragments this syncer serves, when it is one shard of several
-        (core/shards.py; default: all). It holds nothing of the others and refuses them."""
+        (core/shards.py; default: all). It holds nothing of the others and refuses them.
+        `end`: the run's token budget and when it is over (default: no budget)."""
         self.plan = plan
         self.cfg = cfg = config or SyncerConfig()
         cfg.validate()
@@ -139,6 +144,7 @@ class SyncerProtocol:
         # decode buffers of closed rounds, for the next contributions of any fragment: at most
         # one per live learner in all (per fragment they would hold M * 4N bytes)
         self._spare: list[torch.Tensor] = []
+        self.end = end or RunEnd(TokenBudget(0))
 
     # -- the durable state (atoll.core.state) -------------------------------------------------
     @property
@@ -240,10 +246,23 @@ class SyncerProtocol:
         self.live.discard(learner)
         self.listening.discard(learner)
         self.pulled.forget(learner)
+        self.end.session_ended()
         out: list = [Event(now, "syncer", Lost(learner, why))]
         for p in self.served:
             out += self._maybe_close(now, p)
-        return out
+        return out + self.end.check(now, self.live)
+
+    # -- the end of a run with a token budget (core/budget.py) --------------------------------
+    def on_tokens(self, now: float, total: int) -> list:
+        """The run has counted `total` tokens: when that spends the budget, the window after it
+        starts (a `RunDeadline` timer), and the run is over at once if no learner is left."""
+        window = self.pulled.window(self.grace, self.listening)
+        return self.end.on_tokens(now, total, window, self.live)
+
+    def run_over(self, now: float) -> bool:
+        """Whether the run is over: the budget spent, and every learner left since or the
+        window after the budget passed (`RunEnd.over`)."""
+        return self.end.over(now, len(self.live))
 
     # -- rounds ------------------------------------------------------------------------------
     def on_contribution(self, now: float, c: Contribution) -> list:
@@ -315,6 +334,8 @@ class SyncerProtocol:
         match key:
             case PullTick(tick):
                 return self._pull(now, tick)
+            case RunDeadline():
+                return self.end.check(now, self.live)
             case CloseRound(p, rid) if rid == self.round_id[p]:
                 if not self.pending[p]:
                     return []  # nothing answered in time: the first answer closes the round

@@ -193,6 +193,7 @@ class Handlers(pbg.SyncerServicer):
                     beat.learner, beat.incarnation, beat.step, beat.tokens, beat.work_s
                 ):
                     rt.roster.beat(beat.learner, beat.incarnation, beat.step)
+                    rt.counted(now)
                 rt.process(now, rt.proto.on_progress(now, convert.progress_from_beat(beat, now)))
             answer = rt.beat_answer()
         return convert.beat_reply(rt.epoch, known, answer)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from atoll.config.options import SyncerOptions
-from atoll.core.budget import BeatAnswer, StartBarrier, TokenBudget
+from atoll.core.budget import BeatAnswer, RunEnd, StartBarrier, TokenBudget
 from atoll.core.events import (
     Accepted,
     AuthRefused,
@@ -30,6 +30,7 @@ from atoll.core.events import (
     Record,
     Refused,
     Restored,
+    RunOver,
     SeenCheck,
     Snapshot,
     SnapshotFailed,
@@ -68,7 +69,8 @@ class SyncerRuntime:
     ) -> None:
         self.plan, self.opts = plan, opts
         served = owned(plan, opts.shard) if opts.shard.count > 1 else None
-        self.proto = SyncerProtocol(plan, init, config, served)
+        end = RunEnd(TokenBudget(opts.token_budget), opts.lost_after_s)
+        self.proto = SyncerProtocol(plan, init, config, served, end)
         self.events = events or EventLog(opts.run_dir / "events.jsonl")
         self.lock = threading.RLock()
         self.epoch = uuid.uuid4().hex[:12]
@@ -78,6 +80,7 @@ class SyncerRuntime:
         self._timer_seq = 0
         self._timer_cv = threading.Condition(self.lock)
         self.stopping = threading.Event()
+        self.over = threading.Event()  # the run is over (the protocol's RunOver event)
         self.acct = new_accounts()
         self.books = Books(self.acct)
         self.observers: list[Any] = []  # called with every event accounted (lock held)
@@ -86,7 +89,6 @@ class SyncerRuntime:
         self.snapshot_path = opts.run_dir / "snapshot.safetensors"
         self.restored = self._restore()
         self.books.started(self.epoch)
-        self.budget = TokenBudget(opts.token_budget)
         self.barrier = StartBarrier(
             opts.expect_learners, start_at=self.acct.get("start_at") or None
         )
@@ -95,6 +97,8 @@ class SyncerRuntime:
         self._threads: list[threading.Thread] = []
         self.exit = _exit  # how a fatal error ends the process (tests replace it)
         self._snapshotting = threading.Lock()
+        with self.lock:
+            self.counted(time.time())  # a restored run's budget may be spent already
 
     # -- durability ---------------------------------------------------------------------------
     def _restore(self) -> RestoreResult:
@@ -201,6 +205,8 @@ class SyncerRuntime:
                 a["auth_refused"] += count or 1
             case SeenCheck(lost_committed_rounds=lost):
                 a["lost_committed_rounds"] += lost
+            case RunOver():
+                self.over.set()
 
     def lose(self, learner: str, sess: Session, why: str) -> None:
         with self.lock:
@@ -232,11 +238,16 @@ class SyncerRuntime:
 
     @property
     def stop_requested(self) -> bool:
-        return self.budget.stop_requested(self.total_tokens())
+        return self.proto.end.budget.stop_requested(self.total_tokens())
 
     def beat_answer(self) -> BeatAnswer:
         """The answer to a heartbeat (lock held): the token budget's state."""
-        return self.budget.answer(self.total_tokens(), len(self.sessions))
+        return self.proto.end.budget.answer(self.total_tokens(), len(self.sessions))
+
+    def counted(self, now: float) -> None:
+        """The books' tokens changed (lock held): the protocol decides whether that spends the
+        budget (and later whether the run is over: `over` is set)."""
+        self.process(now, self.proto.on_tokens(now, self.total_tokens()))
 
     def joined(self, now: float) -> None:
         """A learner joined (lock held): the run's start time once the expected learners
