@@ -103,3 +103,26 @@ def rejoin_times(events: list[Event]) -> tuple[list[float], float]:
             if lid in kills:
                 down += nxt.t - kills.pop(lid)
     return out, down
+
+
+def syncer_rejoins(events: Iterable[Event]) -> list[float]:
+    """Rejoins as a syncer sees them (a run without `atoll run`'s launcher): a learner back
+    with a new incarnation (a new process), in seconds from its previous session's loss to
+    its join (from its previous join when no loss was seen: a syncer restart in between). A
+    shard set's shards log each join and loss: an incarnation counts once."""
+    out: list[float] = []
+    inc: dict[str, tuple[str | None, float]] = {}  # learner -> (incarnation, joined at)
+    lost: dict[str, float] = {}
+    for e in events:
+        if e.kind == "lost":
+            lost.setdefault(e.data.learner, e.t)
+        elif e.kind == "joined":
+            lid, now = e.data.learner, e.data.incarnation
+            was = inc.get(lid)
+            if was is not None and was[0] == now:
+                continue
+            if was is not None:
+                out.append(round(e.t - lost.get(lid, was[1]), 3))
+            inc[lid] = (now, e.t)
+            lost.pop(lid, None)
+    return out

@@ -3,8 +3,9 @@
 It holds the global value Theta_p and outer-optimizer state of every fragment. Inputs:
 `on_join` (a learner (re)connects: it heals, or resumes with its progress), `on_listening`
 (its pull channel opened or closed), `on_lost`, `on_contribution`, `on_progress`,
-`on_tokens` (the run's counted tokens), `on_timer`, `close_all` (end of run). `run_over`: whether
-a run with a token budget is over (core/budget.py, `RunEnd`; its `RunOver` event says when). Outputs: `Send` (to a learner), `SetTimer`, `Event`s
+`on_tokens` (the run's counted tokens), `on_timer`, `close_all` (end of run). `run_over`:
+whether a run with a token budget is over (core/budget.py, `RunEnd`; its `RunOver` event says
+when). Outputs: `Send` (to a learner), `SetTimer`, `Event`s
 for the stream, and records a driver acts on: `Commit` (a merge to make durable before its
 updates go out) and `PushAnswer` (the reply to a contribution). Durable state:
 `state_dict()` / `load_state_dict()` (atoll.core.state).

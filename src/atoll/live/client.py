@@ -39,6 +39,13 @@ def syncer_address(
     return path.read_text().strip()
 
 
+def write_address(run_dir: Path, addr: str) -> None:
+    """RUN_DIR/syncer.addr, atomically (a temporary file renamed: a reader never sees half)."""
+    tmp = Path(run_dir) / "syncer.addr.tmp"
+    tmp.write_text(addr)
+    tmp.replace(Path(run_dir) / "syncer.addr")
+
+
 def wait_ready(
     address: str,
     run_id: str,

@@ -20,7 +20,6 @@ get SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process is lef
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -146,7 +145,8 @@ class Launcher:
             expect = str(self.scfg.learners - len(self.late))
             http = ["--http-port", str(self.http_port)] if self.http_port else []
             run = ["--run-dir", str(self.run_dir), "--expect", expect, "--view", "off"]
-            return [*base, *auth, *run, *http]  # the launcher shows the run itself
+            # the launcher shows the run, ends it and writes its results itself
+            return [*base, *auth, *run, *http, "--launched"]
         return [
             *base,
             *auth,
@@ -299,10 +299,9 @@ class Launcher:
             raise KeyboardInterrupt
         if failed is not None:
             raise failed
-        from atoll.live.summary import summarize
+        from atoll.live.summary import write_summary
 
-        summary = summarize(self.run_dir, self.scfg, self.lcfg, start, end)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        summary = write_summary(self.run_dir, self.scfg, self.lcfg, start, end)
         view.close_sinks(summary.get("eval_loss"))
         return summary
 

@@ -71,6 +71,8 @@ def summarize(
     plan, _ = builtin_plan(scfg)
     dp_steps = tokens / (M * scfg.batch * scfg.context)
     rejoins, down = metrics.rejoin_times(events)
+    if not any(e.source == "launcher" for e in events):  # a hand-started syncer's run
+        rejoins = metrics.syncer_rejoins(events)
     chaos = [e.data for e in events if isinstance(e.data, Chaos)]
     slow_links = {
         d.learner: round(d.upload_s, 3) for e in events if isinstance(d := e.data, LinkBottleneck)
@@ -115,3 +117,12 @@ def summarize(
             **{k: v for k, v in dataclasses.asdict(lcfg).items() if v != getattr(LiveConfig(), k)},
         },
     }
+
+
+def write_summary(
+    run_dir: Path, scfg: SimConfig, lcfg: LiveConfig, start: float, end: float
+) -> dict[str, Any]:
+    """`summarize`, written to RUN_DIR/summary.json (`atoll run`'s and `atoll syncer`'s)."""
+    summary = summarize(run_dir, scfg, lcfg, start, end)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary

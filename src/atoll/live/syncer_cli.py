@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from atoll.config import SimConfig
     from atoll.core.fragments import FragmentPlan
     from atoll.core.shards import ShardSpec
+    from atoll.eventlog import EventLog
     from atoll.live.syncer import SyncerService
     from atoll.live.syncer.endpoints import HttpEndpoints
     from atoll.live.syncer.evaluation import Evaluate, LiveEvaluation
@@ -44,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "default: those the model's embedding modules hold, as atoll.save_init stored them)",
     )
     p.add_argument("--no-budget", action="store_true", help="run until stopped (no token budget)")
+    p.add_argument(
+        "--serve-after-budget",
+        action="store_true",
+        help="once the budget's run is over, write the results and serve on until stopped "
+        "(default: write them and exit 0)",
+    )
+    p.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)  # by atoll run
     p.add_argument(
         "--shards",
         type=int,
@@ -94,6 +102,7 @@ def main(args: argparse.Namespace) -> int:
     import signal
     import sys
     import threading
+    import time
 
     from atoll.config import load_job
     from atoll.config.options import syncer_options
@@ -101,7 +110,8 @@ def main(args: argparse.Namespace) -> int:
     from atoll.core.shards import ShardSpec, identity
     from atoll.errors import EXIT_STORE, restore_hint
     from atoll.eventlog import EventLog
-    from atoll.live.syncer import SyncerService, shard_set
+    from atoll.live.client import write_address
+    from atoll.live.syncer import SyncerService, results, shard_set
     from atoll.live.syncer.store_read import StoreError
     from atoll.wire.auth import load_secret
 
@@ -113,6 +123,9 @@ def main(args: argparse.Namespace) -> int:
     count = args.shards if args.shards is not None else job.live.shards
     (shard or ShardSpec(0, count)).check(plan.P)
     run_dir: Path = args.run_dir
+    if args.serve_after_budget and args.no_budget:
+        print("atoll syncer: warning: --serve-after-budget without a budget (--no-budget): "
+              "it serves until stopped anyway", file=sys.stderr, flush=True)  # fmt: skip
     if shard is None and count > 1:  # the whole shard set, as child processes
         del init
         view = _set_view(args, job, plan, args.events or run_dir / "events.jsonl")
@@ -120,6 +133,7 @@ def main(args: argparse.Namespace) -> int:
     if shard is not None:
         shard_set.claim(run_dir, identity(plan, shard, args.run_id))
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "syncer.addr").unlink(missing_ok=True)  # an earlier process's: written anew
     opts = syncer_options(
         job,
         run_dir,
@@ -145,9 +159,7 @@ def main(args: argparse.Namespace) -> int:
     http = _http(args, service, shard)  # before the gRPC port: a taken port stops it here
     port = service.start()
     addr = f"{job.live.host}:{port}"
-    tmp = run_dir / "syncer.addr.tmp"
-    tmp.write_text(addr)
-    tmp.replace(run_dir / "syncer.addr")
+    write_address(run_dir, addr)
     fd = service.fd_limit
     fds = f"descriptors {fd.soft}" + (f" (raised from {fd.before})" if fd.raised else "")
     if fd.soft < 4096:
@@ -164,19 +176,47 @@ def main(args: argparse.Namespace) -> int:
     view = _view(args, job, service, plan, http, events.path)
     if evaluation is not None:
         evaluation.start()
+    start, over_at = time.time(), None
     while not done.wait(0.5):
         if view is not None:
             view.tick()
+        if over_at is None and service.runtime.over.is_set() and not args.launched:
+            over_at = time.time()  # the protocol says the run is over (core/budget.py)
+            if not args.serve_after_budget:
+                break
+            results.write_model(service, run_dir)
+            _results(args, job, service, shard, events, start, over_at)
     if view is not None:
         view.stop()
     if http is not None:
         http.close()
     service.stop(final_dir=run_dir)
-    import json
-
-    (run_dir / "syncer_final.json").write_text(json.dumps(service.final_accounts(), indent=1))
+    results.write_json(run_dir / "syncer_final.json", results.final_books(service, events.path))
     events.close()
+    if over_at is not None and not args.serve_after_budget:
+        _results(args, job, service, shard, None, start, over_at)
     return 0
+
+
+def _results(
+    args: argparse.Namespace,
+    job: Any,
+    service: SyncerService,
+    shard: ShardSpec | None,
+    events: EventLog | None,
+    start: float,
+    end: float,
+) -> None:
+    """The run is over: syncer_final.json (now, when `events` is still open: it serves on),
+    and for a whole run (not one shard of a set) summary.json and report.html."""
+    from atoll.live.syncer import results
+
+    if events is not None:
+        books = results.final_books(service, events.path)
+        results.write_json(args.run_dir / "syncer_final.json", books)
+    if shard is None:
+        custom = bool(args.init or args.init_from)
+        results.write_run_results(args.run_dir, job, custom, start, end)
 
 
 def _http(

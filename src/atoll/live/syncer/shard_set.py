@@ -1,13 +1,17 @@
 """`atoll syncer --shards S`: a run's shard set (atoll.core.shards) as child processes of one
 command, each `atoll syncer --shard i/S` in RUN_DIR/shard-i with its own tape and snapshots.
 
-It writes RUN_DIR/syncer.addr as the shards' addresses in shard order (what learners take),
-serves the whole set's HTTP endpoints on --http-port P (shard_endpoints.py; shard i serves its
-own on P+1+i), restarts a shard that dies on the same port (it restores from its own tape while
-the others go on), ends the set on SIGTERM or Ctrl+C, and then writes the run's results as one
-syncer would: RUN_DIR/final.safetensors (every shard's fragments) and RUN_DIR/syncer_final.json
-(the books: the home shard's tokens, every shard's bytes, refusals, restarts and lost rounds
-summed).
+It writes RUN_DIR/syncer.addr (atomically) as the shards' addresses in shard order (what
+learners take) as soon as every shard listens, serves the whole set's HTTP endpoints on
+--http-port P (shard_endpoints.py; shard i serves its own on P+1+i), restarts a shard that dies
+on the same port (it restores from its own tape while the others go on), and ends the set on
+SIGTERM or Ctrl+C, or with a token budget once every shard's run is over (each shard's core
+decides for its fragments, core/budget.py; a shard whose run is over writes its results and
+exits 0, and is not restarted; with --serve-after-budget it writes them and serves on). It then
+writes the run's results as one syncer would: RUN_DIR/final.safetensors (every shard's
+fragments), RUN_DIR/syncer_final.json (the books: the home shard's tokens, every shard's bytes,
+refusals, restarts and lost rounds summed) and, when the run is over, RUN_DIR/summary.json and
+RUN_DIR/report.html (results.py).
 
 `claim` guards a shard's directory: the first start records which shard of which run it holds
 (shard.json); a shard started on another shard's directory, or on another run's, stops before
@@ -28,7 +32,7 @@ from typing import Any
 
 from atoll.core.shards import check_identity
 from atoll.errors import EXIT_STORE, ConfigError
-from atoll.live.client import syncer_address
+from atoll.live.client import syncer_address, write_address
 from atoll.live.common import die_with_parent
 
 RESTART_DELAY_S = 0.5  # a shard that died is started again this long after
@@ -82,6 +86,10 @@ class _Shard:
         if not port and (self.dir / "syncer.addr").exists():  # restarted set: the same port
             self.port = int((self.dir / "syncer.addr").read_text().rsplit(":", 1)[1])
 
+    def over(self) -> bool:
+        """Its run is over: it wrote its results (and exited 0, or serves on)."""
+        return (self.dir / "syncer_final.json").exists()
+
     def start(self, base: list[str], events: Path) -> None:
         (self.dir / "syncer.addr").unlink(missing_ok=True)
         argv = [*base, "--shard", f"{self.index}/{self.count}", "--run-dir", str(self.dir)]
@@ -122,7 +130,9 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
     evaluation = None  # made before any shard starts: it clears an earlier run's parts
     if evaluate is not None:
         evaluation = SetEvaluation(run_dir, count, evaluate, log, on_death=on_death)
+    (run_dir / "syncer.addr").unlink(missing_ok=True)  # an earlier set's: written anew
     for sh in shards:
+        (sh.dir / "syncer_final.json").unlink(missing_ok=True)  # an earlier run's end
         sh.start(base, events)
     addrs = [sh.address() for sh in shards]
     if any(a is None for a in addrs):
@@ -134,9 +144,7 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
         rc = bad.popen.poll() if bad.popen else None
         print(f"atoll syncer: shard {bad.index}/{count} did not start (exit {rc})", flush=True)
         return EXIT_STORE if rc == EXIT_STORE else 1
-    tmp = run_dir / "syncer.addr.tmp"
-    tmp.write_text(",".join(addrs))  # type: ignore[arg-type]
-    tmp.replace(run_dir / "syncer.addr")
+    write_address(run_dir, ",".join(addrs))  # type: ignore[arg-type]
     print(f"atoll syncer: {count} shards on {','.join(addrs)}, run dir {run_dir}", flush=True)
     if evaluation is not None:
         if page is not None:
@@ -144,7 +152,9 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
         evaluation.start()
     if view is not None:
         view.start()
-    rc = _supervise(shards, base, events, done, view)
+    start = time.time()
+    ending = None if args.launched else _Ending(args, job, run_dir, count, start)
+    rc = _supervise(shards, base, events, done, view, ending)
     if died:  # the set's HTTP or evaluation thread raised (its traceback is on stderr above)
         from atoll.live.syncer.runtime import EXIT_THREAD_DIED
 
@@ -159,7 +169,37 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
         view.stop()
     log.close()
     combine(run_dir, count)
+    if ending is not None and ending.at is not None and not args.serve_after_budget:
+        ending.write(time.time())
     return rc
+
+
+class _Ending:
+    """The end of a set's run with a token budget: when every shard's run is over, its
+    results (summary.json, report.html) once; with --serve-after-budget at that moment, the
+    set serving on, else once every shard has exited."""
+
+    def __init__(self, args: Any, job: Any, run_dir: Path, count: int, start: float) -> None:
+        self.args, self.job, self.run_dir, self.count, self.start = args, job, run_dir, count, start
+        self.at: float | None = None  # when every shard's run was over
+
+    def check(self, shards: list[_Shard]) -> bool:
+        """Whether the set is done (every shard's run over and, unless it serves on, every
+        shard exited)."""
+        if self.at is None and all(sh.over() for sh in shards):
+            self.at = time.time()
+            if self.args.serve_after_budget:
+                combine(self.run_dir, self.count)
+                self.write(self.at)
+        if self.at is None or self.args.serve_after_budget:
+            return False
+        return all(sh.popen is None or sh.popen.poll() is not None for sh in shards)
+
+    def write(self, end: float) -> None:
+        from atoll.live.syncer.results import write_run_results
+
+        custom = bool(self.args.init or self.args.init_from)
+        write_run_results(self.run_dir, self.job, custom, self.start, end)
 
 
 def _endpoints(args: Any, shards: list[_Shard], on_death: Any) -> Any:
@@ -186,17 +226,25 @@ def _endpoints(args: Any, shards: list[_Shard], on_death: Any) -> Any:
 
 
 def _supervise(
-    shards: list[_Shard], base: list[str], events: Path, done: threading.Event, view: Any = None
+    shards: list[_Shard],
+    base: list[str],
+    events: Path,
+    done: threading.Event,
+    view: Any = None,
+    ending: _Ending | None = None,
 ) -> int:
-    """Restart a shard that died (on its port, from its tape) until the set is told to end; a
-    shard that cannot restore its state ends the set (restarting cannot help)."""
+    """Restart a shard that died (on its port, from its tape) until the set is told to end or
+    its run is over (`ending`); a shard that cannot restore its state ends the set (restarting
+    cannot help); one whose run is over and that exited 0 stays ended."""
     down: dict[int, float] = {}
     while not done.wait(0.1):
         if view is not None:
             view.tick()
+        if ending is not None and ending.check(shards):
+            return 0
         for sh in shards:
             rc = sh.popen.poll() if sh.popen else None
-            if rc is None:
+            if rc is None or (rc == 0 and sh.over()):
                 continue
             if rc == EXIT_STORE:
                 print(f"atoll syncer: shard {sh.index} cannot restore its run", flush=True)
