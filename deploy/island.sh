@@ -6,6 +6,9 @@
 #
 #   ATOLL_SYNCER       the syncer's address, host:port (required; a sharded syncer: every
 #                      shard's, in shard order, comma-separated)
+#   ATOLL_SYNCER_FILE  instead of ATOLL_SYNCER: the syncer's RUN_DIR/syncer.addr on storage
+#                      shared with it, waited for (the syncer writes it once it listens, a
+#                      shard set once every shard does) up to ATOLL_WAIT_S seconds (default 120)
 #   ATOLL_ISLAND       this island's index in [0, learners): its data shard, its id L<index>
 #                      (required)
 #   ATOLL_TLS_CA       the PEM certificate that signed the syncer's (TLS)
@@ -21,6 +24,12 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+if [[ -z "${ATOLL_SYNCER:-}" && -n "${ATOLL_SYNCER_FILE:-}" ]]; then
+  wait_s=${ATOLL_WAIT_S:-120}
+  positive_int ATOLL_WAIT_S "$wait_s"
+  wait_for_file ATOLL_SYNCER_FILE "$ATOLL_SYNCER_FILE" "$wait_s"
+  ATOLL_SYNCER=$(<"$ATOLL_SYNCER_FILE")
+fi
 [[ "${ATOLL_SYNCER:-}" == ?*:[0-9]* ]] || die "ATOLL_SYNCER='${ATOLL_SYNCER:-}' is not allowed: the syncer's address, host:port"
 [[ "${ATOLL_ISLAND:-}" =~ ^[0-9]+$ ]] || die "ATOLL_ISLAND='${ATOLL_ISLAND:-}' is not allowed: an integer in [0, learners)"
 args=(learner --syncer "$ATOLL_SYNCER" --index "$ATOLL_ISLAND")

@@ -52,6 +52,17 @@ launch() {
   exec ${ATOLL:-atoll} "${args[@]}"
 }
 
+# wait_for_file NAME PATH SECONDS: until PATH exists (e.g. a syncer's RUN_DIR/syncer.addr, which it
+# writes, atomically, once it listens: a shard set once every shard does), else one line naming
+# the variable NAME that gave it
+wait_for_file() {
+  local until=$((SECONDS + $3))
+  while [[ ! -s "$2" ]]; do
+    ((SECONDS < until)) || die "$1='$2' is not allowed: no syncer wrote it within $3 s (RUN_DIR/syncer.addr of a running syncer, on storage shared with it)"
+    sleep 0.2
+  done
+}
+
 # positive_int NAME VALUE: VALUE is an integer >= 1, else one line naming it
 positive_int() {
   [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1='$2' is not allowed: an integer >= 1"

@@ -9,8 +9,14 @@
 #   ATOLL_TLS_CERT, ATOLL_TLS_KEY   the syncer's PEM certificate and key (TLS; both or neither)
 #   ATOLL_INIT         a custom model's initial parameters (safetensors, from atoll.save_init)
 #   ATOLL_NO_BUDGET    1: run until stopped, with no token budget
+#   ATOLL_SERVE_AFTER_BUDGET  1: once the budget's run is over, write the results and serve on
+#                      until stopped (default: write them and exit 0; docs/deploy.md)
 #   ATOLL_SHARD        i/S: this process is shard i of a syncer split into S (one per host,
 #                      each with its own ATOLL_RUN_DIR); learners take every shard's address
+#   ATOLL_SHARDS       S: the whole shard set on this host (S processes, ports ATOLL_PORT to
+#                      ATOLL_PORT+S-1); not with ATOLL_SHARD
+# It writes ATOLL_RUN_DIR/syncer.addr (every shard's address, comma-separated) once it listens:
+# deploy/island.sh waits for it with ATOLL_SYNCER_FILE.
 # and the run's settings (deploy/lib.sh): ATOLL_RUN_ID, ATOLL_SECRET_FILE or ATOLL_SECRET,
 # ATOLL_CONFIG, ATOLL_SET, ATOLL, ATOLL_DRY_RUN.
 set -euo pipefail
@@ -32,6 +38,14 @@ if [[ -n "${ATOLL_INIT:-}" ]]; then
 fi
 if [[ "${ATOLL_NO_BUDGET:-0}" == 1 ]]; then
   args+=(--no-budget)
+fi
+if [[ "${ATOLL_SERVE_AFTER_BUDGET:-0}" == 1 ]]; then
+  args+=(--serve-after-budget)
+fi
+if [[ -n "${ATOLL_SHARDS:-}" ]]; then
+  [[ -z "${ATOLL_SHARD:-}" ]] || die "ATOLL_SHARDS='$ATOLL_SHARDS' is not allowed with ATOLL_SHARD: the whole set here, or one shard"
+  positive_int ATOLL_SHARDS "$ATOLL_SHARDS"
+  args+=(--shards "$ATOLL_SHARDS")
 fi
 if [[ -n "${ATOLL_SHARD:-}" ]]; then
   [[ "$ATOLL_SHARD" =~ ^[0-9]+/[1-9][0-9]*$ ]] ||

@@ -39,6 +39,7 @@ def test_an_island_heals_every_rank_trains_and_counts_every_ranks_tokens(tmp_pat
     the same values; it trains (the loss falls) and the syncer counts both ranks' tokens."""
     steps = 40  # the budget, in single-rank steps of the built-in batch
     argv = ["--set", "learners=1", "--set", f"steps={steps}", "--set", "snapshot_every_s=60"]
+    argv += ["--serve-after-budget"]  # asked for its status once the island has left
     proc, addr = syncer_process(tmp_path, argv, ENV, ROOT)
     try:
         extra = ["--fsdp"] if mode == "fsdp" else []

@@ -33,7 +33,9 @@ SETS = ["--set", "learners=2", "--set", "steps=150", "--set", "eval=true"]
 def test_metrics_agree_with_the_runs_summary(tmp_path):
     http = _free_port()
     start = time.time()
-    proc, addr = syncer_process(tmp_path, ["--http-port", str(http), *SETS], ENV, ROOT)
+    # --serve-after-budget: /metrics is read once the learners have left
+    argv = ["--http-port", str(http), "--serve-after-budget", *SETS]
+    proc, addr = syncer_process(tmp_path, argv, ENV, ROOT)
     try:
         learners = []
         for i in range(2):

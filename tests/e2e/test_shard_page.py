@@ -85,8 +85,9 @@ def _in_a_browser(port: int, tmp_path) -> None:
 
 def test_the_set_page_sums_its_shards_shows_a_killed_one_down_and_ends_as_its_books(tmp_path):
     http = free_port("127.0.0.1", 3)
-    proc, addr = syncer_process(tmp_path, ["--shards", "2", "--http-port", str(http), *SETS],
-                                ENV, ROOT)  # fmt: skip
+    # --serve-after-budget: the set's figures are read once the learners have left
+    argv = ["--shards", "2", "--http-port", str(http), "--serve-after-budget", *SETS]
+    proc, addr = syncer_process(tmp_path, argv, ENV, ROOT)
     learners = [_learner(addr, i, tmp_path) for i in range(2)]
     try:
         _until(lambda: all(r["rounds"] for r in _status(http)["shards"]), "both shards merging")

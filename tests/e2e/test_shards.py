@@ -95,12 +95,12 @@ def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds
         assert 1 in after  # and shard 1 merged again once back
         lost = [e["data"]["lost_committed_rounds"] for e in events if e["kind"] == "seen_check"]
         assert lost and sum(lost) == 0, lost  # learners saw nothing the restore lacks
-        st = status(addr, RUN, SECRET)
-        assert st.tokens >= 120 * 2 * 16 * 64 * 0.9  # the home shard counted the budget
+        assert proc.wait(120) == 0  # the budget spent, the learners gone: the set ends itself
     finally:
         end_set(proc, learners)
     books = json.loads((tmp_path / "syncer_final.json").read_text())
     assert books["lost_committed_rounds"] == 0 and books["shards"][1]["restarts"] >= 1
+    assert sum(books["tokens"].values()) >= 120 * 2 * 16 * 64  # the home shard's count
     from safetensors.torch import load_file
 
     final = load_file(str(tmp_path / "final.safetensors"))

@@ -54,7 +54,8 @@ def _browser():
 
 def test_the_status_page_shows_the_learners_live_in_a_browser(tmp_path):
     http = _free_port()
-    proc, addr = syncer_process(tmp_path, ["--http-port", str(http), *SETS], ENV, ROOT)
+    argv = ["--http-port", str(http), "--serve-after-budget", *SETS]  # the page stays up
+    proc, addr = syncer_process(tmp_path, argv, ENV, ROOT)
     learners = []
     driver = None
     try:

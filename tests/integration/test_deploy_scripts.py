@@ -87,7 +87,7 @@ def test_scripts_parse(path):
 def test_k8s_syncer_container_runs_atoll_syncer_on_its_port_with_tls_and_the_secret_file(
     tmp_path,
 ):
-    env = k8s_env("syncer.yaml", "Deployment", tmp_path, {})
+    env = k8s_env("syncer.yaml", "Job", tmp_path, {})
     argv = dry_run(DEPLOY / "syncer.sh", env)
     args = parse(argv)
     assert args.command == "syncer" and args.run_id == "atoll-run"
@@ -96,6 +96,49 @@ def test_k8s_syncer_container_runs_atoll_syncer_on_its_port_with_tls_and_the_sec
     assert str(args.run_dir) == env["ATOLL_RUN_DIR"]
     job = load_job(args.overrides, args.config)
     assert (job.live.host, job.live.port) == ("0.0.0.0", 7070)  # the Service's target
+    assert not args.serve_after_budget and not args.no_budget  # it ends: the Job completes
+
+
+def test_syncer_sh_serves_after_the_budget_or_runs_a_whole_shard_set_when_asked(tmp_path):
+    env = {"ATOLL_RUN_ID": "r", "ATOLL_RUN_DIR": str(tmp_path), "ATOLL_SECRET": "secret-0123456789"}
+    args = parse(dry_run(DEPLOY / "syncer.sh", {**env, "ATOLL_SERVE_AFTER_BUDGET": "1"}))
+    assert args.serve_after_budget and args.shards is None
+    args = parse(dry_run(DEPLOY / "syncer.sh", {**env, "ATOLL_SHARDS": "2"}))
+    assert args.shards == 2 and not args.serve_after_budget
+    base = {"PATH": os.environ["PATH"], **env, "ATOLL_SHARDS": "2", "ATOLL_SHARD": "0/2"}
+    p = subprocess.run(["bash", str(DEPLOY / "syncer.sh")], env=base, capture_output=True,
+                       text=True, timeout=30)  # fmt: skip
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "ATOLL_SHARDS='2'" in p.stderr
+
+
+def test_island_sh_waits_for_the_syncers_address_file(tmp_path):
+    """ATOLL_SYNCER_FILE: the island starts once the syncer (a shard set: every shard) listens
+    and has written RUN_DIR/syncer.addr, never with an empty address; a file that never comes
+    stops it with one line after ATOLL_WAIT_S."""
+    addr = tmp_path / "syncer.addr"
+    env = {"ATOLL_RUN_ID": "r", "ATOLL_SECRET": "secret-0123456789", "ATOLL_ISLAND": "0",
+           "ATOLL_SYNCER_FILE": str(addr), "ATOLL_WAIT_S": "30"}  # fmt: skip
+    base = {"PATH": os.environ["PATH"], "ATOLL_DRY_RUN": "1", **env}
+    p = subprocess.Popen(["bash", str(DEPLOY / "island.sh")], env=base, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(1.0)  # waiting: no address yet
+        tmp = tmp_path / "syncer.addr.tmp"  # as the syncer writes it: whole, then renamed
+        tmp.write_text("10.0.0.2:7070,10.0.0.2:7071")
+        tmp.replace(addr)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err.decode()
+    args = parse(out.decode().rstrip("\0").split("\0"))
+    assert args.syncer == "10.0.0.2:7070,10.0.0.2:7071"
+    never = {**base, "ATOLL_SYNCER_FILE": str(tmp_path / "never"), "ATOLL_WAIT_S": "1"}
+    p2 = subprocess.run(["bash", str(DEPLOY / "island.sh")], env=never, capture_output=True,
+                        text=True, timeout=30)  # fmt: skip
+    assert p2.returncode == 2 and p2.stderr.count("\n") == 1, p2.stderr
+    assert "ATOLL_SYNCER_FILE=" in p2.stderr and "within 1 s" in p2.stderr
 
 
 def test_k8s_island_pod_runs_a_torchrun_island_with_its_node_rank(tmp_path):
@@ -155,7 +198,7 @@ def test_the_namespace_harness_runs_the_same_commands_as_the_k8s_containers(tmp_
     def flags(argv: list[str]) -> set[str]:
         return {a for a in argv if a.startswith("--")}
 
-    k8s_syncer = dry_run(DEPLOY / "syncer.sh", k8s_env("syncer.yaml", "Deployment", tmp_path, {}))
+    k8s_syncer = dry_run(DEPLOY / "syncer.sh", k8s_env("syncer.yaml", "Job", tmp_path, {}))
     ns_syncer = dry_run(DEPLOY / "syncer.sh", h.syncer_env())
     assert ns_syncer[0] == k8s_syncer[0] == "syncer" and flags(ns_syncer) == flags(k8s_syncer)
     fields = {"metadata.labels['atoll.dev/island']": "0",

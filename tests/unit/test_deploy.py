@@ -32,7 +32,7 @@ def docs(name: str) -> dict[str, dict]:
 
 
 def container(obj: dict) -> tuple[dict, dict]:
-    """(the one container, the pod spec) of a Deployment or Job."""
+    """(the one container, the pod spec) of a Job."""
     pod = obj["spec"]["template"]["spec"]
     assert len(pod["containers"]) == 1
     return pod["containers"][0], pod
@@ -105,15 +105,19 @@ def test_island_flags_are_the_learners():
 def test_the_syncer_flags_the_script_sets_are_its_own():
     _, flags = script_flags("syncer.sh")
     assert {"--run-dir", "--tls-cert", "--tls-key", "--init", "--no-budget"} <= flags
+    assert {"--serve-after-budget", "--shards", "--shard"} <= flags
 
 
 # -- Kubernetes -------------------------------------------------------------------------------
 def test_syncer_manifest_is_a_config_a_volume_one_syncer_and_its_service():
     d = docs("syncer.yaml")
-    assert set(d) == {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"}
-    dep, svc, pvc = d["Deployment"], d["Service"], d["PersistentVolumeClaim"]
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert set(d) == {"ConfigMap", "PersistentVolumeClaim", "Job", "Service"}
+    dep, svc, pvc = d["Job"], d["Service"], d["PersistentVolumeClaim"]
+    # one syncer; its exit says what follows: 0, the run is over (the Job is complete, nothing
+    # restarts it); non-zero, a failure: restarted in place, it resumes from the tape
+    assert dep["spec"]["completions"] == dep["spec"]["parallelism"] == 1
     c, pod = container(dep)
+    assert pod["restartPolicy"] == "OnFailure" and dep["spec"]["backoffLimit"] >= 10
     assert script_of(c) == "syncer.sh"
     env = env_of(c)
     assert set(env) <= script_vars("syncer.sh"), set(env) - script_vars("syncer.sh")
@@ -137,7 +141,7 @@ def test_syncer_manifest_is_a_config_a_volume_one_syncer_and_its_service():
     (sport,) = svc["spec"]["ports"]
     assert sport["targetPort"] in ("grpc", port["containerPort"])
     assert svc["spec"]["selector"].items() <= pod_labels(dep).items()
-    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert "ATOLL_SERVE_AFTER_BUDGET" not in env and "ATOLL_NO_BUDGET" not in env  # it ends
 
 
 def pod_labels(obj: dict) -> dict:
@@ -183,7 +187,7 @@ def test_island_job_is_an_indexed_job_of_nnodes_pods_with_their_rendezvous_servi
     assert [p["port"] for p in rdzv["spec"]["ports"]] == [int(port)]
     assert [p["containerPort"] for p in c["ports"]] == [int(port)]
     # the syncer: its Service's name and port, the same run id, secret and settings
-    s_svc, s_dep = syncer["Service"], syncer["Deployment"]
+    s_svc, s_dep = syncer["Service"], syncer["Job"]
     (s_port,) = s_svc["spec"]["ports"]
     assert env["ATOLL_SYNCER"] == f"{s_svc['metadata']['name']}:{s_port['port']}"
     s_env = env_of(container(s_dep)[0])
