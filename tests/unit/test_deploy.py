@@ -114,10 +114,17 @@ def test_syncer_manifest_is_a_config_a_volume_one_syncer_and_its_service():
     assert set(d) == {"ConfigMap", "PersistentVolumeClaim", "Job", "Service"}
     dep, svc, pvc = d["Job"], d["Service"], d["PersistentVolumeClaim"]
     # one syncer; its exit says what follows: 0, the run is over (the Job is complete, nothing
-    # restarts it); non-zero, a failure: restarted in place, it resumes from the tape
+    # restarts it); non-zero, a failure: a new pod resumes from the tape; EXIT_STORE (a state
+    # on disk it cannot restore) fails the Job at once
+    from atoll.errors import EXIT_STORE
+
     assert dep["spec"]["completions"] == dep["spec"]["parallelism"] == 1
     c, pod = container(dep)
-    assert pod["restartPolicy"] == "OnFailure" and dep["spec"]["backoffLimit"] >= 10
+    assert pod["restartPolicy"] == "Never" and dep["spec"]["backoffLimit"] >= 10
+    (rule,) = dep["spec"]["podFailurePolicy"]["rules"]
+    codes = rule["onExitCodes"]
+    assert rule["action"] == "FailJob" and codes["values"] == [EXIT_STORE]
+    assert codes["operator"] == "In" and codes["containerName"] == c["name"]
     assert script_of(c) == "syncer.sh"
     env = env_of(c)
     assert set(env) <= script_vars("syncer.sh"), set(env) - script_vars("syncer.sh")
