@@ -1,7 +1,8 @@
 """One scripted sequence of inputs (joins, a step report that starts the pull clock, pulls,
-contributions, a refusal, a lost learner, a rejoin) through the virtual-time driver's syncer
-side and through the live syncer service (in process, gRPC on loopback): the same pulls,
-merges, versions, weights, refusals and the bit-identical global value."""
+contributions, a refusal, a lost learner, a rejoin, the token budget spent and both learners
+leaving) through the virtual-time driver's syncer side and through the live syncer service (in
+process, gRPC on loopback): the same pulls, merges, versions, weights, refusals, the
+bit-identical global value, and the same end of the run (core/budget.py)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ def _script(plan) -> list[tuple]:
         contrib("L0", 2, 4, 0, 70, 1),  # fragment 2 merges [L0, L1]
         contrib("L1", 0, 2, 1, 20, 1),  # base version 1 of fragment 0: staleness 0
         contrib("L0", 0, 5, 0, 20, 1),  # base 0, one merge behind: staleness 1
+        ("tokens", "L0", (CFG.token_budget(),)),  # the budget spent: not over, both live
+        ("leave", "L0", ()),  # each learner ends its session after its final flush ...
+        ("leave", "L1", ()),  # ... and once the last has left, the run is over
     ]
 
 
@@ -62,9 +66,11 @@ def _summary(events, syncer) -> dict:
     refused = [
         (e.data.learner, e.data.fragment, e.data.code) for e in events if e.kind == "refused"
     ]
+    over = [(e.data.reason, e.data.left) for e in events if e.kind == "run_over"]
     return {
         "rounds": rounds,
         "refused": refused,
+        "over": over,
         "versions": list(syncer.version),
         "theta": [t.clone() for t in syncer.theta],
     }
@@ -89,6 +95,11 @@ def run_virtual(script) -> tuple[dict, list]:
             sim.fail(now, lr, 1.0)
         elif action == "join":
             sim.recover(now, lr)
+        elif action == "tokens":
+            sim.counted(now, args[0], lr)
+            assert not sim.syncer.run_over(now)
+        elif action == "leave":
+            sim.leave(now, lr)
         # the syncer's timers now due (the pull clock), as the driver's loop runs them
         timers = sorted(x for x in sim.queue if x[2] == "timer" and x[0] <= now)
         for x in timers:
@@ -125,7 +136,8 @@ def _wait(cond, what: str, timeout: float = 20.0) -> None:
 
 
 def run_live(script, plan, init, tmp_path) -> tuple[dict, list]:
-    opts = SyncerOptions(tmp_path, "run", "secret-123", lost_after_s=60.0, snapshot_every_s=600.0)
+    opts = SyncerOptions(tmp_path, "run", "secret-123", lost_after_s=60.0, snapshot_every_s=600.0,
+                         token_budget=CFG.token_budget())  # fmt: skip
     cfg = CFG
     service = SyncerService(plan, init, cfg.syncer_config(), cfg.learner_config(), opts)
     port = service.start()
@@ -157,7 +169,12 @@ def run_live(script, plan, init, tmp_path) -> tuple[dict, list]:
                 c = Contribution(lid, p, seq, base, payload, steps, tokens, time.time(), STEP_S)
                 req = pb.Single(header=convert.contribution_header(c, inc[lid]), payload=payload)
                 stub.PushOne(req, metadata=md)
-            elif action == "lose":
+            elif action == "tokens":  # this learner's counters, as its heartbeat reports them
+                beat = pb.Beat(learner=lid, incarnation=inc[lid], step=1, step_time=STEP_S,
+                               tokens=args[0], work_s=STEP_S)  # fmt: skip
+                stub.Heartbeat(beat, metadata=md)
+                assert not service.runtime.over.is_set()
+            elif action in ("lose", "leave"):
                 joins[lid].call.cancel()
                 controls[lid].call.cancel()
                 _wait(lambda lid=lid: lid not in service.proto.live, f"{lid} lost")
@@ -173,6 +190,8 @@ def run_live(script, plan, init, tmp_path) -> tuple[dict, list]:
         service.stop()
     logged = _summary(load_events(tmp_path / "events.jsonl"), service.proto)
     out["rounds"], out["refused"] = logged["rounds"], logged["refused"]
+    out["over"] = logged["over"]
+    assert service.runtime.over.is_set()
     return out, sorted(pulls)
 
 
@@ -196,5 +215,6 @@ def test_same_inputs_same_merges_under_both_drivers(tmp_path):
     assert live["refused"] == virtual["refused"]
     assert live["versions"] == virtual["versions"] == [2, 1, 1]
     assert l_pulls == v_pulls
+    assert live["over"] == virtual["over"] == [("flushed", None)]
     for a, b in zip(live["theta"], virtual["theta"], strict=True):
         assert torch.equal(a, b)

@@ -71,6 +71,11 @@ class RunEnd:
     left: bool = False  # a learner's session ended since the budget was spent
     given: bool = False  # the RunOver event was given
 
+    @property
+    def spent(self) -> bool:
+        """The budget is spent (the learners are told to stop)."""
+        return self.spent_at is not None
+
     def on_tokens(self, now: float, total: int, window: float, live: Set[str]) -> list:
         """`counted`, as the protocol's outputs: the deadline's timer, and the end at once when
         no learner is left."""

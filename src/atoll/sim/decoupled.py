@@ -67,6 +67,7 @@ from atoll.sim.world import (
     RunResult,
     StepClock,
     dp_equivalent_bytes,
+    run_end,
 )
 
 
@@ -92,6 +93,7 @@ class DecoupledSim:
             self.plan,
             [self.plan.flatten(params, p) for p in range(self.plan.P)],
             cfg.syncer_config(),
+            end=run_end(cfg),
         )
         bw, lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
         self.learners: list[SimLearner] = []
@@ -204,15 +206,21 @@ class DecoupledSim:
     def stepped(self, now: float, learner: SimLearner, tokens: int, dt: float) -> None:
         """`learner` finished a step of `tokens` that took `dt`: its protocol's outputs, the
         books, then its step boundary."""
-        self.tokens += tokens
         learner.stepped(tokens)
         self._learner_outputs(now, learner, learner.proto.on_step(now, tokens, dt))
+        self.counted(now, tokens, learner)
+        self._boundary(now, learner)
+
+    def counted(self, now: float, tokens: int, by: SimLearner) -> None:
+        """`by` trained `tokens` more: the run's count, and the syncer's word on the budget
+        (core/budget.py: spent, the learners stop)."""
+        self.tokens += tokens
         self._maybe_eval(now)
         if self.progress:
             self.progress(min(self.tokens, self.budget), self.budget)
-        if self.tokens >= self.budget and not self.stopping:
-            self._stop(now, learner)
-        self._boundary(now, learner)
+        self.syncer_outputs(now, self.syncer.on_tokens(now, self.tokens))
+        if self.syncer.end.spent and not self.stopping:
+            self._stop(now, by)
 
     def _stop(self, now: float, by: SimLearner) -> None:
         """The token budget is spent: the syncer tells every learner (in virtual time, at

@@ -43,7 +43,7 @@ from atoll.core.events import Chaos, Event, Restored
 from atoll.core.learner import Phase
 from atoll.core.messages import Contribution, Progress, Resume
 from atoll.core.syncer import SyncerProtocol
-from atoll.sim.world import Windows, horizon_s, scenario_of
+from atoll.sim.world import Windows, horizon_s, run_end, scenario_of
 
 if TYPE_CHECKING:
     from atoll.sim.learner import SimLearner
@@ -188,7 +188,7 @@ class Faults:
         world = self.world
         plan = world.syncer.plan
         init = [torch.zeros(f.numel) for f in plan.fragments]
-        syncer = SyncerProtocol(plan, init, world.cfg.syncer_config())
+        syncer = SyncerProtocol(plan, init, world.cfg.syncer_config(), end=run_end(world.cfg))
         syncer.load_state_dict(self._state)
         world.syncer, self.syncer_down = syncer, False
         versions = [st["version"] for st in self._state["fragments"]]
