@@ -15,6 +15,7 @@ import torch
 
 from atoll.config import SimConfig
 from atoll.core import codec
+from atoll.core.budget import TokenBudget
 from atoll.core.events import Applied, Blocked, Event, PushRefused
 from atoll.core.learner import HealRequest, Phase
 from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Pull, Resumed
@@ -206,7 +207,8 @@ def run_virtual(script) -> tuple[list, list, dict]:
             case ("wait", _):
                 deliver(item)
             case ("stop",):
-                sim.budget = sim.tokens + TOKENS  # spent by the next step
+                # spent by the next step (the syncer's budget: core/budget.py)
+                sim.syncer.end.budget = TokenBudget(sim.tokens + TOKENS)
             case _:
                 arrived.append(item)
     assert learner.phase is Phase.DONE
