@@ -1,20 +1,24 @@
 """A hand-started syncer with a token budget ends by itself: two learners train to the budget
 and leave, and the syncer (and a shard set of 2) exits 0 having written the final model,
 summary.json with `atoll run`'s keys (rejoins included), report.html and syncer_final.json with
-its rejoins. A tiny model and few steps: the run itself takes a few seconds."""
+its rejoins; with --serve-after-budget it writes them and serves on (without a budget: one
+warning). A tiny model and few steps: the run itself takes a few seconds."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from atoll.config import load_job
+from atoll.live.client import status
 from atoll.live.summary import summarize
 from tests.helpers import RUN, SECRET, syncer_process
 
@@ -82,3 +86,36 @@ def test_a_shard_set_ends_when_every_shards_run_is_over(tmp_path):
         assert (tmp_path / f"shard-{i}" / "syncer_final.json").exists()
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert len([e for e in events if e["kind"] == "run_over"]) == 2  # each shard's core
+
+
+def test_serve_after_budget_writes_the_results_at_the_budgets_end_and_serves_on(tmp_path):
+    proc, addr = syncer_process(tmp_path, ["--serve-after-budget", "--view", "off", *SETS],
+                                ENV, ROOT)  # fmt: skip
+    learners = [_learner(addr, i, tmp_path) for i in range(2)]
+    try:
+        for i, p in enumerate(learners):
+            assert p.wait(180) == 0, (tmp_path / f"L{i}.log").read_text()[-3000:]
+        until = time.time() + 60
+        while not (tmp_path / "report.html").exists():  # written once the run is over
+            assert time.time() < until and proc.poll() is None
+            time.sleep(0.2)
+        assert proc.poll() is None  # and it serves on
+        assert status(addr, RUN, SECRET).stop
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["tokens"] >= summary["token_budget"] > 0
+        assert json.loads((tmp_path / "syncer_final.json").read_text())["rejoins"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0].decode()
+        for p in learners:
+            if p.poll() is None:
+                p.kill()
+    assert proc.returncode == 0, out[-3000:]
+
+
+def test_serve_after_budget_without_a_budget_warns_once(tmp_path):
+    proc, _ = syncer_process(tmp_path, ["--serve-after-budget", "--no-budget", *SETS], ENV, ROOT)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0].decode()
+    warned = [ln for ln in out.splitlines() if "--serve-after-budget" in ln]
+    assert proc.returncode == 0 and len(warned) == 1 and "warning" in warned[0], out
