@@ -127,11 +127,19 @@ def evaluated(owner: Any, params: dict, tokens: int, rounds: int) -> Evaluated |
 
 
 def builtin_evaluate(scfg: object) -> Evaluate:
-    """The built-in model's evaluator on the run's held-out batches."""
+    """The built-in model's evaluator on the run's held-out batches, made at its first call
+    (reading the corpus takes seconds: a syncer listens, a shard set starts its shards, first)."""
     from atoll.model.recipe import load_corpus
     from atoll.model.train import Evaluator
 
-    return Evaluator(scfg, load_corpus(scfg))  # type: ignore[arg-type]
+    made: list[Evaluate] = []
+
+    def evaluate(params: dict) -> float:
+        if not made:
+            made.append(Evaluator(scfg, load_corpus(scfg)))  # type: ignore[arg-type]
+        return made[0](params)
+
+    return evaluate
 
 
 def custom_evaluate(spec: str) -> Evaluate:
