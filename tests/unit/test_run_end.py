@@ -84,3 +84,24 @@ def test_the_window_follows_the_measured_step_time():
     (timer, *_) = s.on_tokens(10.0, 1000)
     # the answer window: the slowest listening learner's step (2 s), no upload measured yet
     assert timer == SetTimer(10.0 + AFTER_S + 2.0, RunDeadline())
+
+
+def test_rejoins_as_the_syncer_saw_them_count_each_new_process_once():
+    """syncer_final.json's and a hand-started run's summary's rejoins (atoll.metrics): a
+    learner back with a new incarnation, from its loss to its join; the same join and loss
+    logged by two shards count once; a reconnect of the same process is no rejoin."""
+    from atoll.core.events import Joined, Lost
+    from atoll.metrics import syncer_rejoins
+
+    def ev(t, rec):
+        return Event(t, "syncer", rec)
+
+    events = [
+        ev(0.0, Joined("L0", "a")), ev(0.0, Joined("L0", "a")),  # two shards
+        ev(1.0, Joined("L1", "x")),
+        ev(5.0, Lost("L0", "stream ended")), ev(5.2, Lost("L0", "stream ended")),
+        ev(7.5, Joined("L0", "b")), ev(7.6, Joined("L0", "b")),  # back 2.5 s after its loss
+        ev(8.0, Lost("L1", "silent")), ev(9.0, Joined("L1", "x")),  # the same process again
+    ]  # fmt: skip
+    assert syncer_rejoins(events) == [2.5]
+    assert syncer_rejoins(events[:3]) == []
