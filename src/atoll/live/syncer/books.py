@@ -17,6 +17,7 @@ from collections.abc import Container
 from typing import Any
 
 from atoll.core.checks import check_counters
+from atoll.metrics import Figures
 
 ENDED = "(ended)"  # the entry that holds every folded incarnation's counters
 MAX_ENTRIES = 512
@@ -40,6 +41,8 @@ def new_accounts() -> dict[str, Any]:
         "restarts": 0,
         "lost_committed_rounds": 0,
         "start_at": 0.0,
+        "first_join": None,  # goodput's window (metrics.Figures): the first join ...
+        "last_accepted": None,  # ... to the latest contribution accepted
         "epochs": [],
     }
 
@@ -51,6 +54,21 @@ class Books:
     def started(self, epoch: str) -> None:
         epochs = [*self.acct.get("epochs", []), epoch]
         self.acct["epochs"] = epochs[-MAX_EPOCHS:]
+
+    def figures(self, rounds: int, learners: int) -> Figures:
+        """The run's figures (metrics.Figures) as these books fold this syncer's events,
+        with `rounds` closed of `learners` expected."""
+        a = self.acct
+        return Figures(
+            learners=max(learners, 1),
+            heard_tokens=self.total_tokens(),
+            rounds=rounds,
+            accepted=a["accepted"],
+            received_bytes=a["bytes_in"],
+            useful_s=a["useful_s"],
+            start=a.get("first_join"),
+            last_accepted=a.get("last_accepted"),
+        )
 
     def epochs(self) -> list[str]:
         return list(self.acct.get("epochs", []))

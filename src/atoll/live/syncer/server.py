@@ -121,4 +121,6 @@ class SyncerService:
         """The books at the end, with the rounds and versions (syncer_final.json)."""
         rt = self.runtime
         with rt.lock:
-            return {**rt.acct, "rounds": rt.proto.rounds_closed, "versions": list(rt.proto.version)}
+            f = rt.books.figures(rt.proto.rounds_closed, rt.opts.expect_learners)
+            return {**rt.acct, "rounds": f.rounds, "versions": list(rt.proto.version),
+                    "goodput": f.goodput(), "training_window_s": f.window_s() or 0.0}  # fmt: skip

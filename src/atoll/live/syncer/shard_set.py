@@ -143,6 +143,11 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
             evaluation.observers.append(page.reader.evaluated)  # the set's loss chart
         evaluation.start()
     if view is not None:
+        if page is not None:  # the learners and tokens as the shards hear them
+            st = page.metrics.status
+            view.hear = lambda state, now: (s := st()) and state.heard(
+                s["learners"], now, s["quiet_after_s"], s["tokens"]
+            )
         view.start()
     rc = _supervise(shards, base, events, done, view)
     if died:  # the set's HTTP or evaluation thread raised (its traceback is on stderr above)
