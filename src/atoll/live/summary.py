@@ -75,6 +75,7 @@ def summarize(
         "method": "decoupled_live",
         "eval_loss": evaluate(run_dir, scfg) if lcfg.eval else float("nan"),
         "tokens": tokens,
+        "learners": M,
         "token_budget": scfg.token_budget(),
         "wall_time_s": end - start,
         "training_window_s": window,
