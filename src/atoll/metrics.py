@@ -1,8 +1,9 @@
 """Run statistics from the event stream (atoll.core.events), for both drivers.
 
 The virtual-time driver's results come from `run_stats`; every surface of a live run reads
-`Figures`, one fold of its stream (goodput's window and tokens are defined there). Every figure here is
-a plain fold over events in stream order, so a given stream always gives the same numbers.
+`Figures`, one fold of its stream (goodput's window and tokens are defined there). Every
+figure here is a plain fold over events in stream order, so a given stream always gives the
+same numbers.
 
     goodput         useful step-seconds (the work carried by contributions the syncer
                     accepted) / (learners x window)
@@ -145,8 +146,8 @@ class Figures:
                 self.accepted += 1
                 self.received_bytes += d.bytes
                 self.useful_s += d.work_s
-                self.last_accepted = e.t if self.last_accepted is None else max(
-                    self.last_accepted, e.t
+                self.last_accepted = (
+                    e.t if self.last_accepted is None else max(self.last_accepted, e.t)
                 )
             case RoundClosed():
                 self.rounds += 1

@@ -57,9 +57,8 @@ def test_metrics_agree_with_the_runs_summary(tmp_path):
     assert m["atoll_syncer_received_bytes_total"] == s["bytes_up"] > 0
     assert m["atoll_syncer_sent_bytes_total"] == s["bytes_down"] > 0
     assert m["atoll_syncer_tokens_total"] == s["tokens"] >= s["token_budget"]
-    # the same useful seconds over the same learners; the windows start at the start barrier
-    # (the syncer) and at the first training step (the summary), a fraction of a second apart
-    assert m["atoll_syncer_goodput_ratio"] == pytest.approx(s["goodput"], rel=0.05)
+    # the same fold (metrics.Figures): the same useful seconds over the same window
+    assert m["atoll_syncer_goodput_ratio"] == pytest.approx(s["goodput"], abs=1e-3)
     evals = [e.data for e in load_events(tmp_path / "events.jsonl") if e.kind == "evaluated"]
     assert evals and m["atoll_syncer_eval_loss"] == evals[-1].eval_loss
     assert evals[-1].tokens >= s["token_budget"]  # the last point: the budget spent

@@ -59,8 +59,15 @@ def test_every_expression_in_the_dashboard_names_a_series_the_syncer_exports(liv
         assert missing(dashboard, names) == []
         # every series the syncer exports about the run is on a panel
         shown = {n for e in exprs for n in SERIES.findall(e)}
-        for name in ("goodput_ratio", "received_bytes_total", "sent_bytes_total", "tokens_total",
-                     "rounds_total", "data_parallel_bytes_total", "eval_loss"):
+        for name in (
+            "goodput_ratio",
+            "received_bytes_total",
+            "sent_bytes_total",
+            "tokens_total",
+            "rounds_total",
+            "data_parallel_bytes_total",
+            "eval_loss",
+        ):
             assert f"atoll_syncer_{name}" in shown, name
         # and the check fails a dashboard naming a series that is not served (an old name)
         old = json.loads(DASHBOARD.read_text().replace("received_bytes_total", "bytes_in_total"))

@@ -13,7 +13,6 @@ import time
 import urllib.request
 
 import pytest
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.live.syncer.endpoints import HttpEndpoints
@@ -50,7 +49,8 @@ def test_the_set_relabels_each_shards_series_and_shows_a_silent_or_absent_shard_
         with service.lock:
             rounds, accepted = service.proto.rounds_closed, service.runtime.acct["accepted"]
         # each shard's series with its label, and the set's own without one (the sums)
-        got = {(r.name, r.labels.get("shard")): r.value for r in fams["atoll_syncer_rounds"].samples}
+        rows = fams["atoll_syncer_rounds"].samples
+        got = {(r.name, r.labels.get("shard")): r.value for r in rows}
         assert got == {("atoll_syncer_rounds_total", "0"): rounds,
                        ("atoll_syncer_rounds_total", None): rounds}  # fmt: skip
         for name in ("atoll_syncer_goodput_ratio", "atoll_syncer_training_window_seconds"):

@@ -63,6 +63,7 @@ MAX_REASONS = 32  # refusal reasons kept as labels; the rest count as "other"
 RECENT_ROUNDS = 60  # rounds on the status page's participation strip
 RECENT_MARKS = 50  # failures (lost) and (re)joins listed on it
 EVALS = 500  # held-out losses on the page's loss chart
+INFO_LABELS = ["epoch", "shard", "shards"]
 
 
 class SyncerMetrics:
@@ -155,7 +156,7 @@ class SyncerMetrics:
                 "bytes_out": a["bytes_out"],
                 "restarts": a.get("restarts", 0),
                 "start": a.get("start_at") or a["start"],
-                "learners": [self._row(lid, sess, now) for lid, sess in sorted(rt.sessions.items())],
+                "learners": [self._row(lid, x, now) for lid, x in sorted(rt.sessions.items())],
                 "quiet_after_s": rt.opts.lost_after_s / 2,  # the page turns an age red past it
                 "recent_rounds": list(self.recent),
                 "marks": list(self.marks),
@@ -243,7 +244,7 @@ def series(s: dict[str, Any], labels: dict[str, str] | None = None) -> Any:
 
 def info_series(s: dict[str, Any]) -> Any:
     yield from eval_gauge(s["evals"])
-    info = GaugeMetricFamily("atoll_syncer_info", "this syncer", labels=["epoch", "shard", "shards"])
+    info = GaugeMetricFamily("atoll_syncer_info", "this syncer", labels=INFO_LABELS)
     info.add_metric([s["epoch"], str(s["shard"]), str(s["shards"])], 1)
     yield info
 

@@ -31,13 +31,15 @@ canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 <th title="the learner's id">learner</th>
 <th title="its process's incarnation (a new one after each restart)">incarnation</th>
 <th title="ranks training as this learner (an island of N processes)">ranks</th>
-<th title="seconds since its last heartbeat (red: quiet, past half the lost-after time)">beat age</th>
+<th title="seconds since its last heartbeat (red: quiet, past half the lost-after time)">
+beat age</th>
 <th title="training steps it reported, all its incarnations">steps</th>
 <th title="tokens this incarnation reported">tokens</th>
 <th title="tokens per second over its last 10 s of heartbeats">tokens/s</th>
 <th title="the newest update sent to it: fragment@version">last update (fragment@version)</th>
 <th title="its contributions merged into rounds">merged</th>
-<th title="staleness of its contribution in the newest round it took part in (versions behind)">stale</th>
+<th title="staleness of its contribution in the newest round it took part in (versions
+behind)">stale</th>
 <th title="times its communication side reconnected without a restart">reconnects</th>
 <th title="megabytes it sent (contributions) / received (updates)">MB up / down</th>
 </tr></thead><tbody></tbody></table>

@@ -121,6 +121,5 @@ class SyncerService:
         """The books at the end, with the rounds and versions (syncer_final.json)."""
         rt = self.runtime
         with rt.lock:
-            f = rt.books.figures(rt.proto.rounds_closed, rt.opts.expect_learners)
-            return {**rt.acct, "rounds": f.rounds, "versions": list(rt.proto.version),
-                    "goodput": f.goodput(), "training_window_s": f.window_s() or 0.0}  # fmt: skip
+            final = rt.books.final(rt.proto.rounds_closed, rt.opts.expect_learners)
+            return {**rt.acct, **final, "versions": list(rt.proto.version)}

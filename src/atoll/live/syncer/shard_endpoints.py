@@ -197,7 +197,8 @@ def combine(
     # the set's figures as one syncer's (metrics.Figures): sums, the earliest join, the latest
     # contribution any shard took; tokens the home shard's
     f = metrics.combine_figures(
-        [_figures(sh.status) for sh in known], int(_num(out["learners_expected"]))  # type: ignore[arg-type]
+        [_figures(sh.status) for sh in known],
+        int(_num(out["learners_expected"])),  # type: ignore[arg-type]
     )
     f.heard_tokens = int(_num(out["tokens"]))
     out.update(f.as_dict())
