@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -26,16 +28,24 @@ from atoll.live.summary import summarize
 from atoll.live.view import RunState
 from atoll.report.data import goodput_series, read_run
 from atoll.sinks import scalars
-from tests.e2e.test_shards import SETS, _learner
 from tests.e2e.test_status_page import ENV, ROOT, _free_port
-from tests.helpers import syncer_process
+from tests.helpers import RUN, syncer_process
 
 pytestmark = pytest.mark.slow
+
+SETS = ["--set", "learners=2", "--set", "steps=40"]  # a few dozen rounds: enough to compare
 
 LINE = re.compile(
     r"tokens (?P<tokens>[\d,]+)/[\d,]+  rounds (?P<rounds>\d+) .*goodput (?P<goodput>[\d.]+)%"
     r"  received (?P<mb>[\d.]+) MB"
 )
+
+
+def _learner(addr: str, index: int, run_dir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "atoll.cli", "learner", *SETS, "--syncer", addr, "--index",
+           str(index), "--run-id", RUN, "--events", str(run_dir / "events.jsonl")]  # fmt: skip
+    log = open(run_dir / f"L{index}.log", "wb")  # noqa: SIM115 - the process writes it
+    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _get(port: int, path: str) -> str:
