@@ -1,8 +1,9 @@
 """Run statistics from the event stream (atoll.core.events), for both drivers.
 
-The virtual-time driver's results and the live run's summary both come from `run_stats`; the
-status page, metrics and report of a live run are to read the same stream. Every figure here is
-a plain fold over events in stream order, so a given stream always gives the same numbers.
+The virtual-time driver's results come from `run_stats`; every surface of a live run reads
+`Figures`, one fold of its stream (goodput's window and tokens are defined there). Every
+figure here is a plain fold over events in stream order, so a given stream always gives the
+same numbers.
 
     goodput         useful step-seconds (the work carried by contributions the syncer
                     accepted) / (learners x window)
@@ -15,9 +16,10 @@ a plain fold over events in stream order, so a given stream always gives the sam
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from atoll.core.events import Event
+from atoll.core.events import Accepted, Event, Joined, RoundClosed, Step
 
 
 def _of(events: Iterable[Event], kind: str) -> list[Event]:
@@ -70,8 +72,10 @@ def _total(events: Iterable[Event], kind: str, field: str) -> float:
 
 def run_stats(events: list[Event], learners: int, window_s: float) -> dict[str, Any]:
     """Every statistic this module computes, for a run of `learners` over `window_s`."""
+    f = figures(events, learners)
     return {
-        "goodput": goodput(events, learners, window_s),
+        # the one definition (Figures); a stream without a join: over `window_s`
+        "goodput": f.goodput() if f.window_s() else goodput(events, learners, window_s),
         **round_stats(events),
         "blocked_s": _total(events, "blocked", "wait_s"),
         "down_s": _total(events, "rejoined", "downtime_s"),
@@ -125,4 +129,108 @@ def syncer_rejoins(events: Iterable[Event]) -> list[float]:
                 out.append(round(e.t - lost.get(lid, was[1]), 3))
             inc[lid] = (now, e.t)
             lost.pop(lid, None)
+    return out
+
+
+# -- the run's figures: one fold, read by every surface ----------------------------------------
+@dataclass
+class Figures:
+    """The run's figures, folded from its event stream in stream order; every surface of a
+    live run (the terminal view, the status page, /status.json, /metrics, /history.json, the
+    report, TensorBoard and W&B, summary.json) shows these, so that they agree.
+
+    tokens      the sum over learner incarnations of the most tokens each reported: from the
+                learners' `step` events, or what the syncer's books heard (`heard_tokens`,
+                the count the token budget is held to; it wins where both are known)
+    rounds      merges (`round_closed`); a shard set's: the sum over its shards
+    received_bytes / accepted / useful_s   contribution bytes, contributions and their
+                step-seconds the syncer accepted (`accepted`)
+    goodput     useful_s / (learners x the training window), the window running from the
+                first join the syncer logged to the latest contribution it accepted. While
+                the run is idle or over the figure holds (it never decays with the clock);
+                a learner that trains but whose work never arrives lowers it at the next
+                contribution taken.
+    """
+
+    learners: int = 1
+    tokens: dict[str, int] = field(default_factory=dict)
+    heard_tokens: int | None = None
+    rounds: int = 0
+    accepted: int = 0
+    received_bytes: int = 0
+    useful_s: float = 0.0
+    start: float | None = None  # the first join
+    last_accepted: float | None = None
+
+    def feed(self, e: Event) -> None:
+        d = e.data
+        match d:
+            case Accepted():
+                self.accepted += 1
+                self.received_bytes += d.bytes
+                self.useful_s += d.work_s
+                self.last_accepted = (
+                    e.t if self.last_accepted is None else max(self.last_accepted, e.t)
+                )
+            case RoundClosed():
+                self.rounds += 1
+            case Joined():
+                self.start = e.t if self.start is None else min(self.start, e.t)
+            case Step():
+                key = f"{e.source}/{d.incarnation}"
+                self.tokens[key] = max(self.tokens.get(key, 0), d.tokens)
+
+    def total_tokens(self) -> int:
+        if self.heard_tokens is not None:
+            return self.heard_tokens
+        return sum(self.tokens.values())
+
+    def window_s(self) -> float | None:
+        """The training window: the first join to the latest contribution accepted."""
+        if self.start is None or self.last_accepted is None:
+            return None
+        return max(self.last_accepted - self.start, 0.0)
+
+    def goodput(self) -> float:
+        w = self.window_s()
+        return 0.0 if not w else goodput_of(self.useful_s, max(self.learners, 1), w)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures every surface reports, by their names in /status.json."""
+        return {
+            "tokens": self.total_tokens(),
+            "rounds": self.rounds,
+            "accepted": self.accepted,
+            "bytes_in": self.received_bytes,
+            "useful_s": self.useful_s,
+            "goodput": self.goodput(),
+            "window_s": self.window_s() or 0.0,
+            "first_join": self.start,
+            "last_accepted": self.last_accepted,
+        }
+
+
+def figures(events: Iterable[Event], learners: int) -> Figures:
+    """The figures of a whole stream."""
+    f = Figures(learners)
+    for e in events:
+        f.feed(e)
+    return f
+
+
+def combine_figures(parts: list[Figures], learners: int) -> Figures:
+    """A shard set's figures from its shards': sums, the earliest join, the latest
+    contribution; tokens are the home shard's (the first), which counts the budget."""
+    out = Figures(learners)
+    for f in parts:
+        out.rounds += f.rounds
+        out.accepted += f.accepted
+        out.received_bytes += f.received_bytes
+        out.useful_s += f.useful_s
+        out.start = min((t for t in (out.start, f.start) if t is not None), default=None)
+        out.last_accepted = max(
+            (t for t in (out.last_accepted, f.last_accepted) if t is not None), default=None
+        )
+    if parts:
+        out.tokens, out.heard_tokens = dict(parts[0].tokens), parts[0].heard_tokens
     return out

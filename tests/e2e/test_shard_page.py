@@ -132,7 +132,7 @@ def test_the_set_page_sums_its_shards_shows_a_killed_one_down_and_ends_as_its_bo
         m = _metrics(http)
         for name, key in (("atoll_syncer_rounds_total", "rounds"),
                           ("atoll_syncer_contributions_accepted_total", "accepted"),
-                          ("atoll_syncer_bytes_in_total", "bytes_in")):  # fmt: skip
+                          ("atoll_syncer_received_bytes_total", "bytes_in")):  # fmt: skip
             per_shard = [m[(name, str(i))] for i in range(2)]
             assert sum(per_shard) == st[key], (name, per_shard, st[key])
             assert per_shard == [r[key] for r in st["shards"]]

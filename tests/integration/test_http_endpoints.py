@@ -56,15 +56,25 @@ def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
             rounds, acct = service.proto.rounds_closed, dict(service.runtime.acct)
         assert rounds >= 1 and not died
         assert m["atoll_syncer_rounds_total"] == rounds
-        assert m["atoll_syncer_bytes_in_total"] == acct["bytes_in"] > 0
-        assert m["atoll_syncer_bytes_out_total"] == acct["bytes_out"] > 0
+        assert m["atoll_syncer_received_bytes_total"] == acct["bytes_in"] > 0
+        assert m["atoll_syncer_sent_bytes_total"] == acct["bytes_out"] > 0
         assert m["atoll_syncer_contributions_accepted_total"] == acct["accepted"] == 2
         assert m["atoll_syncer_useful_seconds_total"] == acct["useful_s"]
         assert m["atoll_syncer_round_latency_seconds_count"] == rounds
         assert m["atoll_syncer_learners_live"] == 2
-        # goodput: useful seconds over (expected learners x seconds since the start)
-        assert 0 <= m["atoll_syncer_goodput"] <= 1
-        assert (m["atoll_syncer_goodput"] > 0) == (acct["useful_s"] > 0)
+        # goodput: useful seconds over (expected learners x the first join to the latest
+        # contribution: metrics.Figures)
+        window = acct["last_accepted"] - acct["first_join"]
+        assert m["atoll_syncer_training_window_seconds"] == pytest.approx(window) and window > 0
+        expected = max(service.runtime.opts.expect_learners, 1)
+        want = min(acct["useful_s"] / (expected * window), 1.0)
+        assert m["atoll_syncer_goodput_ratio"] == pytest.approx(want)
+        assert m["atoll_syncer_tokens_total"] == 0  # no beat yet
+        # the charts' history: one point per round closed, and the joins marked
+        hist = json.loads(_get(http.port, "/history.json")[1])
+        assert [p["rounds"] for p in hist["points"]] == list(range(1, rounds + 1))
+        assert hist["points"][-1]["goodput"] == pytest.approx(want)
+        assert sorted(m["kind"] for m in hist["marks"]) == ["joined", "joined"]
         status, body = _get(http.port, "/status.json")
         assert status == 200 and SECRET not in body and "secret" not in body.lower()
         st = json.loads(body)
@@ -90,7 +100,7 @@ def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
         workers = max(service.runtime.opts.expect_learners, 2)
         nbytes = service.proto.plan.nbytes_fp32()
         assert st["dp_bytes"] == 7 * ring_allreduce_bytes(nbytes, workers) > 0
-        assert _samples(http.port)["atoll_syncer_data_parallel_bytes"] == st["dp_bytes"]
+        assert _samples(http.port)["atoll_syncer_data_parallel_bytes_total"] == st["dp_bytes"]
         again.cancel()
         for s in streams:
             s.cancel()

@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.live.syncer.endpoints import HttpEndpoints
@@ -47,8 +48,15 @@ def test_the_set_relabels_each_shards_series_and_shows_a_silent_or_absent_shard_
         assert up == {"0": 1, "1": 0, "2": 0}
         with service.lock:
             rounds, accepted = service.proto.rounds_closed, service.runtime.acct["accepted"]
-        (r,) = fams["atoll_syncer_rounds"].samples
-        assert (r.name, r.labels, r.value) == ("atoll_syncer_rounds_total", {"shard": "0"}, rounds)
+        # each shard's series with its label, and the set's own without one (the sums)
+        rows = fams["atoll_syncer_rounds"].samples
+        got = {(r.name, r.labels.get("shard")): r.value for r in rows}
+        assert got == {("atoll_syncer_rounds_total", "0"): rounds,
+                       ("atoll_syncer_rounds_total", None): rounds}  # fmt: skip
+        for name in ("atoll_syncer_goodput_ratio", "atoll_syncer_training_window_seconds"):
+            g = {r.labels.get("shard"): r.value for r in fams[name].samples}
+            assert set(g) == {"0", None} and g[None] == pytest.approx(g["0"])
+        assert g[None] > 0  # the window: the first join to the latest contribution
         assert fams["atoll_syncer_contributions_accepted"].samples[0].value == accepted == 2
         hist = fams["atoll_syncer_round_latency_seconds"]
         assert hist.type == "histogram"

@@ -15,6 +15,7 @@ def _status(shard: int, **kw) -> dict:
         "versions": [0, 0, 0], "learners_live": 2, "learners_expected": 2, "tokens": 1000,
         "token_budget": 5000, "accepted": 20, "refused": 1, "bytes_in": 100, "bytes_out": 200,
         "useful_s": 4.0, "restarts": 0, "start": 1000.0, "quiet_after_s": 2.5,
+        "first_join": 1000.0, "last_accepted": 1010.0,
         "learners": [], "recent_rounds": [], "marks": [], "goodput": 0.1,
     }  # fmt: skip
     return {**s, **kw}
@@ -100,20 +101,19 @@ def test_no_shard_ever_answered_gives_a_page_of_zeros_and_every_shard_down():
 
 
 def test_the_home_shard_never_answered_the_others_start_and_figures_serve():
-    s1 = _status(1, start=1005.0, useful_s=5.0)
+    s1 = _status(1, first_join=1005.0, useful_s=5.0)
     out = combine(_shards(None, s1), {1: s1}, now=1010.0)
     assert out["rounds"] == 10 and out["epoch"] == "e1"
     assert out["goodput"] == pytest.approx(5.0 / (2 * 5.0))
 
 
-def test_the_sets_evaluations_and_a_spent_budget_end_the_goodput_window_at_the_last_contribution():
-    s0 = _status(0, finished=True, last_accepted=1006.0, useful_s=3.0, evals=[])
-    s1 = _status(1, finished=False, last_accepted=1008.0, useful_s=5.0)
+def test_the_sets_window_is_the_earliest_join_to_the_latest_contribution_and_holds_while_idle():
+    s0 = _status(0, finished=True, first_join=1002.0, last_accepted=1006.0, useful_s=3.0, evals=[])
+    s1 = _status(1, finished=False, first_join=1000.0, last_accepted=1008.0, useful_s=5.0)
     evals = [{"t": 1007.0, "tokens": 4000, "rounds": 30, "loss": 3.25}]
     out = combine(_shards(s0, s1), {0: s0, 1: s1}, now=1050.0, evals=evals)
-    # the home shard says the budget is spent: the window is 1000 to 1008, not to now
-    assert out["goodput"] == pytest.approx(8.0 / (2 * 8.0))
+    assert out["goodput"] == pytest.approx(8.0 / (2 * 8.0)) and out["window_s"] == 8.0
     assert out["evals"] == evals  # the supervisor's, not the home shard's (none)
-    s0["finished"] = False
-    out = combine(_shards(s0, s1), {0: s0, 1: s1}, now=1050.0)
-    assert out["goodput"] == pytest.approx(8.0 / (2 * 50.0)) and out["evals"] == []
+    s0["finished"] = False  # running or over, idle for 42 s: the same figure, no decay
+    later = combine(_shards(s0, s1), {0: s0, 1: s1}, now=1500.0)
+    assert later["goodput"] == out["goodput"] and later["evals"] == []

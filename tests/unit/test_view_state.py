@@ -4,7 +4,7 @@ the training window ending at the last contribution once the run is over."""
 
 from __future__ import annotations
 
-from atoll.core.events import Accepted, Evaluated, Event, Reconnected, Training
+from atoll.core.events import Accepted, Evaluated, Event, Joined, Reconnected, Training
 from atoll.live.view import RunState, render
 
 
@@ -20,9 +20,12 @@ def test_events_give_ranks_evaluations_and_the_window():
     s.feed(Event(14.0, "syncer", Evaluated(tokens=500, rounds=6, eval_loss=2.5, eval_s=0.1)))
     assert s.evals == [(250, 3.25), (500, 2.5)]
     assert s.eval_text() == "2.5000 at 500 tokens" and "eval 2.5000 at 500" in s.line(15.0)
+    assert s.goodput() is None  # no contribution yet
+    s.feed(Event(9.0, "syncer", Joined("L0")))
     s.feed(Event(15.0, "syncer", Accepted("L0", 0, 1, 4, 6.0)))
     assert s.last_accepted == 15.0
-    assert s.goodput(15.0) == 6.0 / (2 * 5.0)
+    assert s.goodput() == 6.0 / (2 * 6.0)  # the first join to the latest contribution
+    assert s.goodput(100.0) == s.goodput()  # idle or over: the figure holds
 
 
 def test_what_a_syncer_hears_sets_tokens_rates_and_quiet_learners():
@@ -39,13 +42,13 @@ def test_what_a_syncer_hears_sets_tokens_rates_and_quiet_learners():
     )
     assert s.row("L0").tokens_per_s == 100.0 and s.row("L0").state == "quiet"
     assert s.total_tokens() == 350
+    s.heard([], 103.0, 1.5, tokens=420)  # the syncer's books: the run's tokens from then on
+    assert s.total_tokens() == 420
     text = str(render(s, 103.0, "atoll syncer").renderables[0].title)
     assert text == "atoll syncer"
 
 
-def test_the_window_starts_at_the_first_join_until_a_training_step_is_seen():
-    from atoll.core.events import Joined
-
+def test_the_view_starts_at_the_first_join_until_a_training_step_is_seen():
     s = RunState(learners=2)
     s.feed(Event(5.0, "syncer", Joined("L0")))
     assert s.started == 5.0  # a syncer whose learners log elsewhere: its view starts here

@@ -11,14 +11,12 @@ from typing import Any
 from atoll import metrics
 from atoll.config import LiveConfig, SimConfig
 from atoll.core.events import (
-    Accepted,
     Chaos,
     Crashed,
     Event,
     LinkBottleneck,
     Step,
     ThreadDied,
-    Training,
 )
 from atoll.eventlog import load_events
 
@@ -59,15 +57,12 @@ def summarize(
     final_path = run_dir / "syncer_final.json"
     acct = json.loads(final_path.read_text()) if final_path.exists() else {}
     tokens = int(sum(acct.get("tokens", {}).values()))
-    # the training window: the first step to the last contribution the syncer took (what
-    # follows - learners closing, the final snapshot and model, processes exiting - is the
-    # run's teardown, not time any learner could have trained in)
-    training = [e.t for e in events if isinstance(e.data, Training)]
-    train_start = min(training) if training else start
-    accepted = [e.t for e in events if isinstance(e.data, Accepted)]
-    window = max((max(accepted) if accepted else end) - train_start, 1e-9)
     M = scfg.learners
-    stats = metrics.run_stats(events, M, window)
+    # the run's figures (metrics.Figures, as every surface reads them): goodput over the first
+    # join to the latest contribution taken (what follows - learners closing, the final
+    # snapshot and model, processes exiting - is the run's teardown)
+    stats = metrics.run_stats(events, M, max(end - start, 1e-9))
+    window = metrics.figures(events, M).window_s() or 0.0
     plan, _ = builtin_plan(scfg)
     dp_steps = tokens / (M * scfg.batch * scfg.context)
     rejoins, down = metrics.rejoin_times(events)
@@ -82,6 +77,7 @@ def summarize(
         "method": "decoupled_live",
         "eval_loss": evaluate(run_dir, scfg) if lcfg.eval else float("nan"),
         "tokens": tokens,
+        "learners": M,
         "token_budget": scfg.token_budget(),
         "wall_time_s": end - start,
         "training_window_s": window,

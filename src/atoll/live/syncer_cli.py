@@ -309,7 +309,7 @@ def _view(
 
     def hear(state: Any, now: float) -> None:
         s = metrics.status()
-        state.heard(s["learners"], now, s["quiet_after_s"])
+        state.heard(s["learners"], now, s["quiet_after_s"], s["tokens"])
 
     view.hear = hear
     view.start()

@@ -1,8 +1,9 @@
 """The live view of a run, read from its one event stream (events.jsonl), as `atoll run` and
 `atoll demo` go: one row per learner (state, step, tokens/s, the last fragment it received,
 its staleness in the last round, rejoins, bytes each way on the wire), then the run: rounds
-closed, learners per round, goodput so far, bytes against the data-parallel equivalent, and a
-bar to the token budget.
+closed, learners per round, goodput, bytes against the data-parallel equivalent, and a bar to
+the token budget. The run's figures are metrics.Figures, the fold every surface reads (goodput
+over the first join to the latest contribution taken: it holds while the run is idle or over).
 
 `RunState` folds typed events (atoll.core.events) into those figures and decides nothing for
 the run; `RunView` tails the file and shows them: a table redrawn in place (rich) when stdout
@@ -57,16 +58,24 @@ class RunState:
     # learner's step one data-parallel worker's step
     dp_bytes_per_step: float = 0.0
     rows: dict[str, LearnerRow] = field(default_factory=dict)
-    useful_s: float = 0.0  # metrics.useful_work of the events so far, summed as they come
-    rounds: int = 0
+    fig: metrics.Figures = field(default_factory=metrics.Figures)  # the run's figures
     participants: list[int] = field(default_factory=list)  # of the newest rounds
     started: float | None = None  # the first training step
     wire: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
-    tokens: dict[tuple[str, str], int] = field(default_factory=dict)
     steps: dict[tuple[str, str], int] = field(default_factory=dict)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (tokens, held-out loss)
-    last_accepted: float | None = None  # the end of the training window, once it is over
     _by_join: bool = False  # `started` is the first join, no training step seen yet
+
+    def __post_init__(self) -> None:
+        self.fig.learners = self.learners
+
+    @property
+    def rounds(self) -> int:
+        return self.fig.rounds
+
+    @property
+    def last_accepted(self) -> float | None:
+        return self.fig.last_accepted
 
     def row(self, learner: str) -> LearnerRow:
         return self.rows.setdefault(learner, LearnerRow())
@@ -79,20 +88,27 @@ class RunState:
             r.tokens_per_s = (tokens - r._prev[1]) / (t - r._prev[0])
         r._prev = (t, tokens)
         r.tokens = tokens
-        self.tokens[(lid, incarnation)] = tokens
         return r
 
-    def heard(self, learners: list[dict[str, Any]], now: float, quiet_s: float) -> None:
+    def heard(
+        self, learners: list[dict[str, Any]], now: float, quiet_s: float, tokens: int | None = None
+    ) -> None:
         """What a syncer hears of its learners (their beats' tokens and steps, the age of the
         last; what it took from and sent to each: syncer/roster.py), for learners whose own
-        step reports are not in the log (learners elsewhere)."""
+        step reports are not in the log (learners elsewhere); `tokens`: the run's, as its
+        books count them (the budget's count: it is the run's tokens from then on)."""
+        if tokens is not None:
+            self.fig.heard_tokens = tokens
         for x in learners:
             lid = x["id"]
             r = self.row(lid)
             r.state = "quiet" if x["age_s"] > quiet_s else "training"
             if r.reported:
                 continue  # its own step reports are in the log: they are its figures
+            key = f"{lid}/{x['incarnation']}"
+            self.fig.tokens[key] = max(self.fig.tokens.get(key, 0), int(x["tokens"]))
             self._tokens(lid, x["incarnation"], now, int(x["tokens"]))
+            r.tokens_per_s = float(x.get("tokens_per_s", r.tokens_per_s))  # the syncer's rate
             r.step = self.steps[(lid, "syncer")] = int(x.get("steps", 0))
             r.ranks, r.reconnects = int(x.get("ranks", 1)), int(x.get("reconnects", 0))
             r.up, r.down = int(x.get("bytes_in", 0)), int(x.get("bytes_out", 0))
@@ -103,10 +119,8 @@ class RunState:
 
     def feed(self, e: Event) -> None:
         d, kind = e.data, e.kind
-        if kind == "accepted":
-            self.useful_s += d.work_s
-            self.last_accepted = e.t
-        elif kind == "evaluated":
+        self.fig.feed(e)
+        if kind == "evaluated":
             self.evals.append((d.tokens, d.eval_loss))
         elif kind == "step":
             r = self._tokens(e.source, d.incarnation, e.t, d.tokens)
@@ -130,7 +144,6 @@ class RunState:
         elif kind == "applied":
             self.row(e.source).last = f"{d.fragment}@{d.version}"
         elif kind == "round_closed":
-            self.rounds += 1
             self.participants = [*self.participants[-49:], len(d.participants)]
             for lid, s in zip(d.participants, d.staleness, strict=False):
                 self.row(lid).staleness = s
@@ -147,12 +160,12 @@ class RunState:
 
     # -- the run's figures --------------------------------------------------------------------
     def total_tokens(self) -> int:
-        return sum(self.tokens.values())
+        return self.fig.total_tokens()
 
-    def goodput(self, now: float) -> float | None:
-        if self.started is None or now <= self.started:
-            return None
-        return metrics.goodput_of(self.useful_s, self.learners, now - self.started)
+    def goodput(self, now: float | None = None) -> float | None:
+        """metrics.Figures' goodput (`now` is not used: the figure holds while idle); None
+        before the first contribution."""
+        return None if not self.fig.window_s() else self.fig.goodput()
 
     def bytes_ratio(self) -> tuple[int, float]:
         """(bytes on the wire both ways, data-parallel's bytes for the same tokens)."""
@@ -173,6 +186,7 @@ class RunState:
             f"tokens {self.total_tokens():,}{budget}  rounds {self.rounds}  "
             f"learners/round {per:.2f}  training {live}/{self.learners}  "
             f"goodput {'-' if g is None else f'{g:.1%}'}  "
+            f"received {self.fig.received_bytes / 1e6:.2f} MB  "
             f"wire {wire / 1e6:.1f} MB (data-parallel {dp_mb})  eval {self.eval_text()}"
         )
 

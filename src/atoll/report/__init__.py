@@ -63,7 +63,8 @@ def render(run: RunData) -> str:
     for name, events in run.streams.items():
         parts.append(f"<h2>Event stream: {html.escape(name)} ({len(events)} events)</h2>")
         for title, (fn, absent) in STREAM_PLOTS.items():
-            parts.append(_section(title, fn(events), absent))
+            png = plots.goodput(events, run.learners) if fn is plots.goodput else fn(events)
+            parts.append(_section(title, png, absent))
     title = f"atoll report: {run.run_dir}"
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"

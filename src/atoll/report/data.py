@@ -39,6 +39,7 @@ class RunData:
     header: dict[str, str]
     curves: list[Curve] = field(default_factory=list)
     streams: dict[str, list[Event]] = field(default_factory=dict)  # run name -> its events
+    learners: int | None = None  # goodput's learners (a live run's setting, where known)
 
 
 def read_run(run_dir: str | Path) -> RunData:
@@ -106,15 +107,15 @@ def _read_live(d: Path) -> RunData:
             "eval loss": f"{s['eval_loss']:.4f}",
         }
     else:  # a hand-started syncer, or a run still going: what the events say so far
-        stats = metrics.run_stats(events, max(len(learners), 1), _span(events))
-        xs, ys = goodput_series(events)  # the window the goodput plot shows, to its end
+        f = metrics.figures(events, learner_count(events, None))
+        w = f.window_s()
         header = {
             "run kind": "live (no summary.json: a hand-started syncer or a run still going)",
             "learners": _learners(learners, events),
-            "goodput": f"{100 * ys[-1]:.1f}% over {_window(events):.0f} s" if ys else "-",
-            "rounds": str(stats["rounds"]),
-            "bytes up / down": f"{_mb(stats['merged_bytes_in'])} / "
-            f"{_mb(stats['merged_bytes_out'])}",
+            "tokens": f"{f.total_tokens():,}" if f.tokens else "- (the learners log elsewhere)",
+            "goodput": f"{100 * f.goodput():.1f}% over {w:.0f} s" if w else "-",
+            "rounds": str(f.rounds),
+            "bytes received": _mb(f.received_bytes),
         }
         if evals := _evals(events):
             e = evals[-1].data
@@ -123,7 +124,7 @@ def _read_live(d: Path) -> RunData:
     if s is not None and math.isfinite(s.get("eval_loss", math.nan)):
         if "sim_eval_loss" in s:  # --compare-sim: the virtual-time driver's loss, same tokens
             curves.append(Curve("virtual-time", [s["sim_tokens"]], [], [s["sim_eval_loss"]]))
-    return RunData("live", d, header, curves, {"live": events})
+    return RunData("live", d, header, curves, {"live": events}, learner_count(events, s))
 
 
 def _learners(ids: list[str], events: list[Event]) -> str:
@@ -167,40 +168,37 @@ def _t0(events: list[Event]) -> float:
     return min((e.t for e in events), default=0.0)
 
 
-def _span(events: list[Event]) -> float:
-    return max(max((e.t for e in events), default=0.0) - _t0(events), 1e-9)
+def learner_count(events: list[Event], summary: dict[str, Any] | None) -> int:
+    """The learners goodput is counted over: the run's setting where the summary has it, else
+    every learner the stream names."""
+    if summary and summary.get("learners"):
+        return int(summary["learners"])
+    return max(len(learner_ids(events)), 1)
 
 
-def _start(events: list[Event]) -> float:
-    """The training window's start: the first training step (live), else the first join (sim,
-    or a syncer whose learners log elsewhere), as atoll.live.summary counts it."""
-    starts = [e.t for e in events if e.kind == "training"] or [
-        e.t for e in events if e.kind == "joined"
-    ]
-    return min(starts, default=_t0(events))
-
-
-def _window(events: list[Event]) -> float:
-    """The training window: its start to the last contribution taken."""
-    end = max((e.t for e in events if e.kind == "accepted"), default=_t0(events))
-    return max(end - _start(events), 0.0)
-
-
-def goodput_series(events: list[Event], points: int = 40) -> tuple[list[float], list[float]]:
-    """Goodput so far (atoll.metrics' definition: accepted step-seconds / (learners x time
-    since training began)) at `points` times."""
-    m = max(len(learner_ids(events)), 1)
-    acc = [(e.t, e.data.work_s) for e in events if e.kind == "accepted"]
+def goodput_series(
+    events: list[Event], learners: int | None = None, points: int = 40
+) -> tuple[list[float], list[float]]:
+    """Goodput (metrics.Figures: accepted step-seconds / (learners x the first join to the
+    latest contribution)) at `points` times, the last at the latest contribution: the run's
+    figure."""
+    m = learners or learner_count(events, None)
+    acc = [e.t for e in events if e.kind == "accepted"]
     if not acc:
         return [], []
-    start, end = _start(events), acc[-1][0]
-    t0 = _t0(events)
+    t0, f = _t0(events), metrics.Figures(m)
+    it = iter(sorted(events, key=lambda e: e.t))
+    start = min((e.t for e in events if e.kind == "joined"), default=t0)
     xs, ys = [], []
+    pending = next(it, None)
     for i in range(1, points + 1):
-        t = start + (end - start) * i / points
-        useful = sum(w for ta, w in acc if ta <= t)
-        xs.append(t - t0)
-        ys.append(min(useful / max(m * (t - start), 1e-9), 1.0))
+        t = start + (acc[-1] - start) * i / points
+        while pending is not None and pending.t <= t:
+            f.feed(pending)
+            pending = next(it, None)
+        if f.window_s():
+            xs.append(t - t0)
+            ys.append(f.goodput())
     return xs, ys
 
 

@@ -54,12 +54,12 @@ def loss_vs_time(curves: list[data.Curve]) -> bytes | None:
     return _lines(lines, "wall time (s; virtual in atoll sim)", LOSS) if lines else None
 
 
-def goodput(events: list[Event]) -> bytes | None:
-    xs, ys = data.goodput_series(events)
+def goodput(events: list[Event], learners: int | None = None) -> bytes | None:
+    xs, ys = data.goodput_series(events, learners)
     if not xs:
         return None
     return _lines([(xs, [100 * y for y in ys], dict(color="tab:green"))], SINCE,
-                  "goodput so far (%)")  # fmt: skip
+                  "goodput (%)")  # fmt: skip
 
 
 def participation(events: list[Event]) -> bytes | None:

@@ -17,10 +17,24 @@ from collections.abc import Container
 from typing import Any
 
 from atoll.core.checks import check_counters
+from atoll.metrics import Figures, combine_figures
 
 ENDED = "(ended)"  # the entry that holds every folded incarnation's counters
 MAX_ENTRIES = 512
 MAX_EPOCHS = 64
+
+
+def set_figures(books: list[dict[str, Any]]) -> dict[str, Any]:
+    """A shard set's goodput and its window from its shards' syncer_final.json: their useful
+    seconds over the earliest join to the latest contribution any shard took."""
+    parts = [
+        Figures(useful_s=b.get("useful_s", 0.0), start=b.get("first_join"),
+                last_accepted=b.get("last_accepted"))
+        for b in books
+    ]  # fmt: skip
+    f = combine_figures(parts, int(books[0].get("learners", 1)) if books else 1)
+    return {"first_join": f.start, "last_accepted": f.last_accepted, "goodput": f.goodput(),
+            "training_window_s": f.window_s() or 0.0}  # fmt: skip
 
 
 def new_accounts() -> dict[str, Any]:
@@ -40,6 +54,8 @@ def new_accounts() -> dict[str, Any]:
         "restarts": 0,
         "lost_committed_rounds": 0,
         "start_at": 0.0,
+        "first_join": None,  # goodput's window (metrics.Figures): the first join ...
+        "last_accepted": None,  # ... to the latest contribution accepted
         "epochs": [],
     }
 
@@ -51,6 +67,27 @@ class Books:
     def started(self, epoch: str) -> None:
         epochs = [*self.acct.get("epochs", []), epoch]
         self.acct["epochs"] = epochs[-MAX_EPOCHS:]
+
+    def figures(self, rounds: int, learners: int) -> Figures:
+        """The run's figures (metrics.Figures) as these books fold this syncer's events,
+        with `rounds` closed of `learners` expected."""
+        a = self.acct
+        return Figures(
+            learners=max(learners, 1),
+            heard_tokens=self.total_tokens(),
+            rounds=rounds,
+            accepted=a["accepted"],
+            received_bytes=a["bytes_in"],
+            useful_s=a["useful_s"],
+            start=a.get("first_join"),
+            last_accepted=a.get("last_accepted"),
+        )
+
+    def final(self, rounds: int, learners: int) -> dict[str, Any]:
+        """The figures syncer_final.json adds to the books."""
+        f = self.figures(rounds, learners)
+        return {"rounds": f.rounds, "learners": f.learners, "goodput": f.goodput(),
+                "training_window_s": f.window_s() or 0.0}  # fmt: skip
 
     def epochs(self) -> list[str]:
         return list(self.acct.get("epochs", []))

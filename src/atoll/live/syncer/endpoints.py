@@ -1,23 +1,26 @@
 """The syncer's read-only HTTP endpoints (`atoll syncer --http-port`): the status page `/`
-(page.py), `/metrics` in the Prometheus text format, `/healthz`, `/status.json`.
+(page.py), `/metrics` in the Prometheus text format, `/healthz`, `/status.json` and
+`/history.json` (the charts' points for the whole run: chart_history.py).
+
+The run's figures are metrics.Figures (tokens, rounds, bytes, goodput and its window), the one
+fold every surface of a run reads; the series, by the Prometheus conventions (docs/live.md):
 
     atoll_syncer_rounds_total               rounds closed (merges), restarts included
     atoll_syncer_contributions_accepted_total
     atoll_syncer_contributions_refused_total{reason}   refused by this process, by reason
-    atoll_syncer_bytes_in_total / _bytes_out_total     contribution bytes taken / update
-                                            bytes sent (the books: syncer_final.json)
-    atoll_syncer_useful_seconds_total       step-seconds in accepted contributions (goodput's
-                                            numerator, as the run summary counts it)
-    atoll_syncer_goodput                    useful seconds / (expected learners x seconds
-                                            since the start barrier, to now; once the budget
-                                            is spent, to the last contribution, as the run's
-                                            summary counts it)
+    atoll_syncer_received_bytes_total       contribution bytes accepted
+    atoll_syncer_sent_bytes_total           update bytes sent (the books: syncer_final.json)
+    atoll_syncer_useful_seconds_total       step-seconds in accepted contributions
+    atoll_syncer_goodput_ratio              useful seconds / (expected learners x the training
+                                            window: the first join to the latest contribution)
+    atoll_syncer_training_window_seconds    that window
+    atoll_syncer_tokens_total               tokens the learners report (the budget's count)
+    atoll_syncer_token_budget               the budget (0: none)
+    atoll_syncer_data_parallel_bytes_total  what a data-parallel ring all-reduce of fp32
+                                            gradients would have sent for the learners' steps
+    atoll_syncer_learners_live              live sessions
     atoll_syncer_eval_loss                  the global model's latest held-out loss
                                             (syncer/evaluation.py), when evaluated
-    atoll_syncer_learners_live              live sessions
-    atoll_syncer_data_parallel_bytes        what a data-parallel ring all-reduce of fp32
-                                            gradients would have sent for the learners' steps
-    atoll_syncer_tokens_total               tokens the learners report
     atoll_syncer_round_latency_seconds      histogram: quorum wait + grace of each round
     atoll_syncer_quorum_wait_seconds_total / _grace_seconds_total
     atoll_syncer_info{epoch,shard,shards}   1
@@ -44,7 +47,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from atoll import metrics
-from atoll.core.events import Accepted, Evaluated, Event, Joined, Lost, Refused, RoundClosed
+from atoll.core.events import Evaluated, Event, Joined, Lost, Refused, RoundClosed
+from atoll.live.syncer.chart_history import ChartHistory, TokenRates
 from atoll.live.syncer.page import PAGE
 from atoll.sim.world import ring_allreduce_bytes
 from atoll.threads import guarded
@@ -59,11 +63,12 @@ MAX_REASONS = 32  # refusal reasons kept as labels; the rest count as "other"
 RECENT_ROUNDS = 60  # rounds on the status page's participation strip
 RECENT_MARKS = 50  # failures (lost) and (re)joins listed on it
 EVALS = 500  # held-out losses on the page's loss chart
+INFO_LABELS = ["epoch", "shard", "shards"]
 
 
 class SyncerMetrics:
     """The metrics of one syncer process: `observe` is called with every event the runtime
-    accounts (its lock held: a few additions), `books` reads the runtime when scraped."""
+    accounts (its lock held: a few additions), `status` reads the runtime when scraped."""
 
     def __init__(self, rt: SyncerRuntime) -> None:
         self.rt = rt
@@ -84,13 +89,21 @@ class SyncerMetrics:
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_ROUNDS)  # the page's strip
         self.marks: deque[dict[str, Any]] = deque(maxlen=RECENT_MARKS)  # failures, rejoins
         self.evals: deque[dict[str, Any]] = deque(maxlen=EVALS)  # the loss chart's points
-        self.last_accepted: float | None = None
+        self.history = ChartHistory()  # the goodput and tokens charts' points
+        self.rates = TokenRates()
         self.model_bytes = rt.plan.nbytes_fp32()
+        self._joined: set[str] = set()
+        if rt.restored.found:
+            self.marks.append({"t": time.time(), "kind": "restored", "learner": "syncer"})
+        rt.observers.append(self.observe)
+
+    def figures(self) -> metrics.Figures:
+        """The run's figures (lock held)."""
+        rt = self.rt
+        return rt.books.figures(rt.proto.rounds_closed, rt.opts.expect_learners)
 
     def observe(self, e: Event) -> None:
         match e.data:
-            case Accepted():
-                self.last_accepted = e.t
             case Evaluated():
                 self.evals.append(eval_row(e.t, e.data))
             case Refused(reason=reason):
@@ -106,10 +119,14 @@ class SyncerMetrics:
                 self.recent.append(
                     {"t": e.t, "fragment": d.fragment, "participants": list(d.participants)}
                 )
-            case Lost(learner=lid):
-                self.marks.append({"t": e.t, "kind": "lost", "learner": lid})
+                self.history.add(e.t, self.figures())  # the core counted the round already
+            case Lost(learner=lid, why=why):
+                kind = "finished" if why == "stream ended" and self.rt.stop_requested else "lost"
+                self.marks.append({"t": e.t, "kind": kind, "learner": lid, "why": why})
             case Joined(learner=lid):
-                self.marks.append({"t": e.t, "kind": "joined", "learner": lid})
+                kind = "healed" if lid in self._joined else "joined"
+                self._joined.add(lid)
+                self.marks.append({"t": e.t, "kind": kind, "learner": lid})
 
     def _dp_bytes(self) -> int:
         """What a data-parallel ring all-reduce of fp32 gradients would have sent for the
@@ -121,7 +138,7 @@ class SyncerMetrics:
 
     def status(self) -> dict[str, Any]:
         """What /status.json shows, and the books /metrics reads (copied under the lock)."""
-        rt = self.rt
+        rt, now = self.rt, time.time()
         with rt.lock:
             a = rt.acct
             s = {
@@ -129,39 +146,43 @@ class SyncerMetrics:
                 "epoch": rt.epoch,
                 "shard": rt.opts.shard.index,
                 "shards": rt.opts.shard.count,
-                "rounds": rt.proto.rounds_closed,
+                **self.figures().as_dict(),
                 "versions": list(rt.proto.version),
                 "learners_live": len(rt.sessions),
                 "learners_expected": rt.opts.expect_learners,
-                "tokens": rt.books.total_tokens(),
                 "dp_bytes": self._dp_bytes(),
                 "token_budget": rt.opts.token_budget,
-                **{k: a[k] for k in ("accepted", "refused", "bytes_in", "bytes_out")},
-                "useful_s": a["useful_s"],
+                "refused": a["refused"],
+                "bytes_out": a["bytes_out"],
                 "restarts": a.get("restarts", 0),
                 "start": a.get("start_at") or a["start"],
-                "learners": [
-                    {
-                        "id": lid,
-                        "incarnation": sess.incarnation,
-                        "age_s": round(time.time() - sess.last_seen, 2),
-                        "tokens": int(a["tokens"].get(f"{lid}/{sess.incarnation}", 0)),
-                        **(rt.roster.rows[lid].row() if lid in rt.roster.rows else {}),
-                    }
-                    for lid, sess in sorted(rt.sessions.items())
-                ],  # fmt: skip
+                "learners": [self._row(lid, x, now) for lid, x in sorted(rt.sessions.items())],
                 "quiet_after_s": rt.opts.lost_after_s / 2,  # the page turns an age red past it
                 "recent_rounds": list(self.recent),
                 "marks": list(self.marks),
                 "evals": list(self.evals),
                 "finished": rt.stop_requested,
-                "last_accepted": self.last_accepted,  # a shard set's goodput window ends here
             }
-        # the window: the start to now, or once the budget is spent to the last contribution
-        end = window_end(s["finished"], self.last_accepted, time.time())
-        window = max(end - s["start"], 1e-9)
-        s["goodput"] = metrics.goodput_of(s["useful_s"], max(s["learners_expected"], 1), window)
+            self.rates.keep({f"{x['id']}/{x['incarnation']}" for x in s["learners"]})
         return s
+
+    def _row(self, lid: str, sess: Any, now: float) -> dict[str, Any]:
+        """A live learner's row (lock held): its roster figures, tokens and tokens/s."""
+        rt, key = self.rt, f"{lid}/{sess.incarnation}"
+        tokens = int(rt.acct["tokens"].get(key, 0))
+        return {
+            "id": lid,
+            "incarnation": sess.incarnation,
+            "age_s": round(now - sess.last_seen, 2),
+            "tokens": tokens,
+            "tokens_per_s": round(self.rates.rate(key, sess.last_seen, tokens), 1),
+            **(rt.roster.rows[lid].row() if lid in rt.roster.rows else {}),
+        }
+
+    def history_json(self) -> dict[str, Any]:
+        """/history.json: the charts' points for the whole run, and the marks on them."""
+        with self.rt.lock:
+            return {"points": self.history.series(), "marks": list(self.marks)}
 
 
 def eval_row(t: float, e: Evaluated) -> dict[str, Any]:
@@ -180,12 +201,6 @@ def eval_gauge(evals: Any) -> Any:
         )
 
 
-def window_end(finished: bool, last_accepted: float | None, now: float) -> float:
-    """The end of goodput's window: now, or once the budget is spent the last contribution
-    taken (as the run's summary counts it)."""
-    return last_accepted if finished and last_accepted else now
-
-
 class _Books:
     """The figures read from the books at each scrape."""
 
@@ -196,26 +211,42 @@ class _Books:
         return []
 
     def collect(self) -> Any:
-        s, p = self.m.status(), "atoll_syncer_"
-        for name, key, what in (
-            ("rounds", "rounds", "rounds closed (merges)"),
-            ("contributions_accepted", "accepted", "contributions accepted"),
-            ("bytes_in", "bytes_in", "contribution bytes taken"),
-            ("bytes_out", "bytes_out", "update bytes sent"),
-            ("useful_seconds", "useful_s", "step-seconds in accepted contributions"),
-            ("tokens", "tokens", "tokens the learners report"),
-        ):
-            yield CounterMetricFamily(p + name, what, value=s[key])
-        yield GaugeMetricFamily(p + "goodput", "useful s / (learners x s)", s["goodput"])
-        yield GaugeMetricFamily(p + "learners_live", "live sessions", s["learners_live"])
-        yield GaugeMetricFamily(
-            p + "data_parallel_bytes", "a data-parallel all-reduce's bytes for these steps",
-            s["dp_bytes"],
-        )  # fmt: skip
-        yield from eval_gauge(s["evals"])
-        info = GaugeMetricFamily(p + "info", "this syncer", labels=["epoch", "shard", "shards"])
-        info.add_metric([s["epoch"], str(s["shard"]), str(s["shards"])], 1)
-        yield info
+        s = self.m.status()
+        yield from series(s)
+        yield from info_series(s)
+
+
+def series(s: dict[str, Any], labels: dict[str, str] | None = None) -> Any:
+    """The run's figures of a /status.json (`s`) as metric families (`labels` on each)."""
+    p, names, values = "atoll_syncer_", list(labels or {}), list((labels or {}).values())
+    for name, key, what in (
+        ("rounds", "rounds", "rounds closed (merges)"),
+        ("contributions_accepted", "accepted", "contributions accepted"),
+        ("received_bytes", "bytes_in", "contribution bytes accepted"),
+        ("sent_bytes", "bytes_out", "update bytes sent"),
+        ("useful_seconds", "useful_s", "step-seconds in accepted contributions"),
+        ("tokens", "tokens", "tokens the learners report"),
+        ("data_parallel_bytes", "dp_bytes", "a data-parallel all-reduce's bytes for the steps"),
+    ):
+        c = CounterMetricFamily(p + name, what, labels=names)
+        c.add_metric(values, s[key])
+        yield c
+    for name, key, what in (
+        ("goodput_ratio", "goodput", "useful s / (learners x the training window)"),
+        ("training_window_seconds", "window_s", "the first join to the latest contribution"),
+        ("token_budget", "token_budget", "the token budget (0: none)"),
+        ("learners_live", "learners_live", "live sessions"),
+    ):
+        g = GaugeMetricFamily(p + name, what, labels=names)
+        g.add_metric(values, s[key] or 0)
+        yield g
+
+
+def info_series(s: dict[str, Any]) -> Any:
+    yield from eval_gauge(s["evals"])
+    info = GaugeMetricFamily("atoll_syncer_info", "this syncer", labels=INFO_LABELS)
+    info.add_metric([s["epoch"], str(s["shard"]), str(s["shards"])], 1)
+    yield info
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -231,7 +262,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/healthz":
             self._send(200, "text/plain; charset=utf-8", b"ok\n")
         elif path == "/status.json":
-            body = json.dumps(self.metrics.status(), indent=1).encode()
+            self._send(200, "application/json", json.dumps(self.metrics.status()).encode())
+        elif path == "/history.json":
+            body = json.dumps(self.metrics.history_json()).encode()
             self._send(200, "application/json", body)
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found\n")
@@ -277,7 +310,6 @@ class HttpEndpoints:
         handler = type("Handler", (_Handler,), {"metrics": self.metrics})
         self.server = _Server((host, port), handler)
         self.port = self.server.server_address[1]
-        rt.observers.append(self.metrics.observe)
         self._thread = guarded("http-endpoints", self.server.serve_forever, rt.thread_died)
         self._thread.start()
 

@@ -1,13 +1,16 @@
 """The syncer's status page (`/` of `atoll syncer --http-port`): one self-contained HTML file,
-no external resource, that reads `/status.json` every second and draws the learners (island
-size, heartbeat age, turning red when a learner goes quiet, steps, tokens, the last update sent
-to it, merges, staleness, reconnects, bytes each way: syncer/roster.py), the run's figures
-(bytes against the data-parallel equivalent, a bar to the token budget), goodput and tokens
-over time, a learner x round participation strip, the failures and rejoins the syncer saw
-(listed, and marked on the goodput chart: red lost, green joined), and the global model's
-held-out loss against tokens as the syncer evaluates it (syncer/evaluation.py).
-A shard set's page (shard_endpoints.py: `shards` is a list) also has one row per shard, red
-while it does not answer."""
+no external resource, that reads `/status.json` and `/history.json` every second and draws the
+learners (island size, heartbeat age, turning red when a learner goes quiet, steps, tokens,
+tokens/s, the last update sent to it, merges, staleness, reconnects, bytes each way:
+syncer/roster.py; every column explained in its header's tooltip), the run's figures
+(metrics.Figures: tokens, rounds, goodput and its window, bytes against the data-parallel
+equivalent, a bar to the token budget), goodput and tokens over the whole run (the syncer keeps
+the points: a page opened late draws the run from its start), a learner x round participation
+strip, the failures and rejoins by kind (finished, lost, joined, healed, shard down, shard
+restored, restored), listed and marked on the goodput chart, and the global model's held-out
+loss against tokens as the syncer evaluates it (syncer/evaluation.py). Every chart has axes
+with units and a legend. A shard set's page (shard_endpoints.py: `shards` is a list) also has
+one row per shard, red while it does not answer."""
 
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>atoll syncer</title>
@@ -24,44 +27,90 @@ canvas{border:1px solid #ccc;margin:.3em .6em .3em 0}
 <div id="figs"></div>
 <div id="shardset"></div>
 <h3>Learners</h3>
-<table id="learners"><thead><tr><th>learner</th><th>incarnation</th><th>ranks</th>
-<th>beat age</th><th>steps</th><th>tokens</th><th>tokens/s</th><th>last update</th>
-<th>merged</th><th>stale</th><th>reconnects</th><th>MB up / down</th></tr></thead>
-<tbody></tbody></table>
+<table id="learners"><thead><tr>
+<th title="the learner's id">learner</th>
+<th title="its process's incarnation (a new one after each restart)">incarnation</th>
+<th title="ranks training as this learner (an island of N processes)">ranks</th>
+<th title="seconds since its last heartbeat (red: quiet, past half the lost-after time)">
+beat age</th>
+<th title="training steps it reported, all its incarnations">steps</th>
+<th title="tokens this incarnation reported">tokens</th>
+<th title="tokens per second over its last 10 s of heartbeats">tokens/s</th>
+<th title="the newest update sent to it: fragment@version">last update (fragment@version)</th>
+<th title="its contributions merged into rounds">merged</th>
+<th title="staleness of its contribution in the newest round it took part in (versions
+behind)">stale</th>
+<th title="times its communication side reconnected without a restart">reconnects</th>
+<th title="megabytes it sent (contributions) / received (updates)">MB up / down</th>
+</tr></thead><tbody></tbody></table>
 <h3>Held-out loss of the global model, against tokens</h3>
-<canvas id="loss" width="420" height="160"></canvas> <span id="lossnote"></span>
-<h3>Goodput and tokens over time</h3>
-<canvas id="goodput" width="420" height="160"></canvas>
-<canvas id="tokens" width="420" height="160"></canvas>
+<canvas id="loss" width="460" height="200"></canvas> <span id="lossnote"></span>
+<h3>Goodput and tokens over the run</h3>
+<canvas id="goodput" width="460" height="200"></canvas>
+<canvas id="tokens" width="460" height="200"></canvas>
 <h3>Participation: learner x round (newest right)</h3>
 <canvas id="strip" width="840" height="120"></canvas>
 <h3>Failures and rejoins</h3><ul id="marks"></ul>
 <script>
-const hist = [], seen = {};
-// a line of points {x, y} on canvas `id`; `marks`: [{x, colour}] drawn as vertical lines
-function plot(id, label, pts, fmt, marks = [], zero = true) {
+let hist = {points: [], marks: []};  // /history.json: the whole run's chart points
+const COLOUR = {lost: '#d62728', 'shard down': '#d62728', joined: '#2ca02c',
+                healed: '#2ca02c', 'shard restored': '#2ca02c', restored: '#2ca02c',
+                finished: '#7f7f7f'};
+function ticks(lo, hi, n) {  // about n round numbers from lo to hi
+  const span = Math.max(hi - lo, 1e-9), raw = span / n;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map(k => k * mag).find(k => span / k <= n) || 10 * mag;
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9 * span; v += step) out.push(v);
+  return out;
+}
+function short(v) {
+  const a = Math.abs(v);
+  return a >= 1e9 ? (v / 1e9).toFixed(1) + 'G' : a >= 1e6 ? (v / 1e6).toFixed(1) + 'M' :
+         a >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : (+v.toPrecision(3)).toString();
+}
+// a chart on canvas `id`: axes with ticks, `xlabel` and `ylabel` (units), a legend of the
+// line (`name`) and of the marks' kinds; `pts` [{x, y}], `marks` [{x, kind}]
+function plot(id, o) {
   const c = document.getElementById(id), g = c.getContext('2d');
+  const L = 56, R = 10, T = 22, B = 34, W = c.width - L - R, H = c.height - T - B;
   g.fillStyle = '#fff'; g.fillRect(0, 0, c.width, c.height);
-  g.fillStyle = '#222'; g.font = '12px sans-serif'; g.fillText(label, 6, 14);
-  if (pts.length < 1) return;
-  const x0 = pts[0].x, x1 = Math.max(pts[pts.length - 1].x, x0 + 1e-9);
-  const ys = pts.map(p => p.y), top = Math.max(...ys, 1e-9);
-  const bot = zero ? 0 : Math.min(...ys) - 0.05 * Math.max(top - Math.min(...ys), 1e-3);
-  const X = x => 6 + (c.width - 12) * (x - x0) / (x1 - x0);
-  const Y = y => c.height - 6 - (c.height - 26) * (y - bot) / Math.max(top - bot, 1e-9);
-  marks.filter(m => m.x >= x0).forEach(m => {
-    g.strokeStyle = m.colour; g.lineWidth = 1; g.beginPath();
-    g.moveTo(X(m.x), 20); g.lineTo(X(m.x), c.height - 4); g.stroke();
+  g.font = '11px sans-serif'; g.fillStyle = '#222'; g.strokeStyle = '#888'; g.lineWidth = 1;
+  g.beginPath(); g.moveTo(L, T); g.lineTo(L, T + H); g.lineTo(L + W, T + H); g.stroke();
+  g.textAlign = 'center'; g.fillText(o.xlabel, L + W / 2, c.height - 4);
+  g.save(); g.translate(11, T + H / 2); g.rotate(-Math.PI / 2); g.fillText(o.ylabel, 0, 0);
+  g.restore();
+  const pts = o.pts;
+  if (!pts.length) { g.fillText('no points yet', L + W / 2, T + H / 2); g.textAlign = 'left';
+                     return; }
+  const xs = pts.map(p => p.x), ys = pts.map(p => p.y);
+  const x0 = Math.min(...xs), x1 = Math.max(Math.max(...xs), x0 + 1e-9);
+  let y0 = o.zero ? 0 : Math.min(...ys), y1 = Math.max(...ys, o.zero ? 1e-9 : -Infinity);
+  if (o.ymax !== undefined) y1 = Math.max(y1, o.ymax);
+  if (y1 - y0 < 1e-9) { y0 -= 0.5; y1 += 0.5; }
+  const X = x => L + W * (x - x0) / (x1 - x0), Y = y => T + H - H * (y - y0) / (y1 - y0);
+  g.fillStyle = '#444';
+  ticks(x0, x1, 5).forEach(v => { g.fillText(short(v), X(v), T + H + 13);
+    g.beginPath(); g.moveTo(X(v), T + H); g.lineTo(X(v), T + H + 3); g.stroke(); });
+  g.textAlign = 'right';
+  ticks(y0, y1, 4).forEach(v => { g.fillText(o.yfmt(v), L - 4, Y(v) + 4);
+    g.strokeStyle = '#eee'; g.beginPath(); g.moveTo(L + 1, Y(v)); g.lineTo(L + W, Y(v));
+    g.stroke(); });
+  const kinds = new Set();
+  (o.marks || []).filter(m => m.x >= x0 && m.x <= x1).forEach(m => {
+    kinds.add(m.kind); g.strokeStyle = COLOUR[m.kind] || '#999'; g.beginPath();
+    g.moveTo(X(m.x), T); g.lineTo(X(m.x), T + H); g.stroke();
   });
   g.strokeStyle = '#1f77b4'; g.lineWidth = 2; g.beginPath();
   pts.forEach((p, i) => i ? g.lineTo(X(p.x), Y(p.y)) : g.moveTo(X(p.x), Y(p.y)));
-  g.stroke();
-  g.fillStyle = '#1f77b4';
-  pts.forEach(p => g.fillRect(X(p.x) - 2, Y(p.y) - 2, 4, 4));
-  g.fillStyle = '#222'; g.fillText(fmt(ys[ys.length - 1]), c.width - 110, 14);
-}
-function chart(id, key, fmt, marks) {
-  plot(id, key, hist.map(h => ({x: h.t, y: h[key]})), fmt, marks);
+  g.stroke(); g.lineWidth = 1; g.fillStyle = '#1f77b4';
+  if (pts.length < 80) pts.forEach(p => g.fillRect(X(p.x) - 2, Y(p.y) - 2, 4, 4));
+  // the legend: the line, then each kind of mark drawn
+  g.textAlign = 'left'; let lx = L + 6;
+  const entry = (colour, text) => { g.fillStyle = colour; g.fillRect(lx, 8, 12, 3);
+    g.fillStyle = '#222'; g.fillText(text, lx + 15, 13); lx += 22 + g.measureText(text).width; };
+  entry('#1f77b4', o.name + ' (' + o.yfmt(ys[ys.length - 1]) + ')');
+  [...kinds].sort().forEach(k => entry(COLOUR[k] || '#999', k));
 }
 function strip(s) {
   const c = document.getElementById('strip'), g = c.getContext('2d');
@@ -77,6 +126,9 @@ function strip(s) {
     g.fillRect(58 + i * w, 2 + h * ids.indexOf(p), Math.max(w - 1, 1), h - 2);
   }));
 }
+function fig(label, value, tip) {
+  return `<span title="${tip}">${label} <b>${value}</b></span>`;
+}
 async function tick() {
   try {
     const s = await (await fetch('status.json', {cache: 'no-store'})).json();
@@ -84,45 +136,57 @@ async function tick() {
       `run ${s.run_id}, shard ${s.shard}/${s.shards}, epoch ${s.epoch}`;
     const budget = s.token_budget ? ` / ${s.token_budget.toLocaleString()}` : '';
     document.getElementById('figs').innerHTML =
-      `<span>rounds <b id="rounds">${s.rounds}</b></span>` +
-      `<span>learners live <b>${s.learners_live}</b> of ${s.learners_expected}</span>` +
-      `<span>tokens <b>${s.tokens.toLocaleString()}</b>${budget}</span>` +
-      `<span>goodput <b>${(100 * s.goodput).toFixed(1)}%</b></span>` +
-      `<span>bytes in/out <b>${(s.bytes_in / 1e6).toFixed(2)} / ` +
-      `${(s.bytes_out / 1e6).toFixed(2)} MB</b> (data-parallel ` +
-      `${s.dp_bytes ? (s.dp_bytes / 1e6).toFixed(0) + ' MB' : '-'})</span>` +
-      `<span>refused <b>${s.refused}</b></span>` +
+      `<span title="rounds closed: merges of one fragment (a shard set: summed)">rounds ` +
+      `<b id="rounds">${s.rounds}</b></span>` +
+      fig('learners live', `${s.learners_live}</b> of <b>${s.learners_expected}`,
+          'live sessions, of the learners expected') +
+      fig('tokens', s.tokens.toLocaleString() + budget,
+          'tokens the learners report (the token budget counts these)') +
+      fig('goodput', `<span id="goodputfig">${(100 * s.goodput).toFixed(1)}%</span>`,
+          'accepted step-seconds / (learners expected x the training window: the first ' +
+          `join to the latest contribution, ${s.window_s.toFixed(0)} s); it holds while idle`) +
+      fig('received / sent', `${(s.bytes_in / 1e6).toFixed(2)} / ` +
+          `${(s.bytes_out / 1e6).toFixed(2)} MB`,
+          'contribution bytes accepted / update bytes sent') +
+      fig('data-parallel', s.dp_bytes ? (s.dp_bytes / 1e6).toFixed(0) + ' MB' : '-',
+          'what a data-parallel ring all-reduce of fp32 gradients would have sent') +
+      fig('refused', s.refused, 'contributions refused') +
       (s.token_budget ? `<progress id="budget" max="${s.token_budget}" value="` +
                         `${Math.min(s.tokens, s.token_budget)}"></progress>` : '');
     const body = document.querySelector('#learners tbody');
-    const now = Date.now() / 1000;
     body.innerHTML = s.learners.map(l => {
       const quiet = l.age_s > s.quiet_after_s;
-      const key = l.id + '/' + l.incarnation, p = seen[key];  // tokens/s since the last poll
-      const rate = p && now > p.t && l.tokens >= p.tokens ? (l.tokens - p.tokens) / (now - p.t)
-                                                          : (p ? p.rate : 0);
-      seen[key] = {t: now, tokens: l.tokens, rate: rate};
       const st = l.staleness === undefined || l.staleness < 0 ? '-' : l.staleness;
       const mb = v => ((v || 0) / 1e6).toFixed(2);
       return `<tr class="${quiet ? 'quiet' : ''}"><td>${l.id}</td><td>${l.incarnation}</td>` +
              `<td>${l.ranks || 1}</td>` +
              `<td class="${quiet ? '' : 'ok'}">${l.age_s.toFixed(1)} s</td>` +
              `<td>${(l.steps || 0).toLocaleString()}</td>` +
-             `<td>${l.tokens.toLocaleString()}</td><td>${Math.round(rate).toLocaleString()}</td>` +
+             `<td>${l.tokens.toLocaleString()}</td>` +
+             `<td>${Math.round(l.tokens_per_s || 0).toLocaleString()}</td>` +
              `<td>${l.last || '-'}</td><td>${l.merged || 0}</td><td>${st}</td>` +
              `<td>${l.reconnects || 0}</td><td>${mb(l.bytes_in)} / ${mb(l.bytes_out)}</td></tr>`;
     }).join('');
     document.getElementById('marks').innerHTML = s.marks.slice().reverse().map(m =>
-      `<li>${new Date(m.t * 1000).toLocaleTimeString()} ${m.kind} ${m.learner}` +
-      `${m.shard === undefined ? '' : ' (shard ' + m.shard + ')'}</li>`).join('');
-    hist.push({t: Date.now() / 1000, goodput: s.goodput, tokens: s.tokens});
-    if (hist.length > 600) hist.shift();
-    const marks = s.marks.map(m => ({x: m.t, colour: m.kind === 'lost' ? '#d62728' : '#2ca02c'}));
-    chart('goodput', 'goodput', v => (100 * v).toFixed(1) + '%', marks);
-    chart('tokens', 'tokens', v => v.toLocaleString(), []);
-    plot('loss', 'eval loss', s.evals.filter(e => e.loss !== null)  // null: not finite
-                                .map(e => ({x: e.tokens, y: e.loss})),
-         v => v.toFixed(4), [], false);
+      `<li><span style="color:${COLOUR[m.kind] || '#999'}">&#9632;</span> ` +
+      `${new Date(m.t * 1000).toLocaleTimeString()} <b>${m.kind}</b> ${m.learner || ''}` +
+      `${m.shard === undefined ? '' : ' (shard ' + m.shard + ')'}` +
+      `${m.why ? ': ' + m.why : ''}</li>`).join('');
+    hist = await (await fetch('history.json', {cache: 'no-store'})).json();
+    window.atollHistory = hist.points;  // for a reader of the page (and its test)
+    const t0 = hist.points.length ? Math.min(hist.points[0].t, s.first_join || Infinity) : 0;
+    const marks = hist.marks.map(m => ({x: m.t - t0, kind: m.kind}));
+    const since = 'seconds since the first join';
+    plot('goodput', {pts: hist.points.map(p => ({x: p.t - t0, y: 100 * p.goodput})),
+                     name: 'goodput', xlabel: since, ylabel: 'goodput (%)', zero: true,
+                     ymax: 100, yfmt: v => v.toFixed(0) + '%', marks: marks});
+    plot('tokens', {pts: hist.points.map(p => ({x: p.t - t0, y: p.tokens})),
+                    name: 'tokens', xlabel: since, ylabel: 'tokens', zero: true,
+                    yfmt: short, marks: []});
+    plot('loss', {pts: s.evals.filter(e => e.loss !== null)  // null: not finite
+                             .map(e => ({x: e.tokens, y: e.loss})),
+                  name: 'global model', xlabel: 'tokens', ylabel: 'loss (nats/byte)',
+                  zero: false, yfmt: v => v.toFixed(2), marks: []});
     const bad = s.evals.filter(e => e.loss === null).length;
     document.getElementById('lossnote').textContent = s.evals.length ?
       (bad ? `${bad} evaluation(s) not finite (diverged), not drawn` : '') :

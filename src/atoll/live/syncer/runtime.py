@@ -27,6 +27,7 @@ from atoll.core.events import (
     AuthRefused,
     DiskFailed,
     Event,
+    Joined,
     Record,
     Refused,
     Restored,
@@ -197,6 +198,9 @@ class SyncerRuntime:
                 a["accepted"] += 1
                 a["bytes_in"] += nbytes
                 a["useful_s"] += work_s
+                a["last_accepted"] = max(a.get("last_accepted") or e.t, e.t)  # goodput's window
+            case Joined() if a.get("first_join") is None:
+                a["first_join"] = e.t
             case Refused():
                 a["refused"] += 1
             case TransferBroken():

@@ -121,4 +121,5 @@ class SyncerService:
         """The books at the end, with the rounds and versions (syncer_final.json)."""
         rt = self.runtime
         with rt.lock:
-            return {**rt.acct, "rounds": rt.proto.rounds_closed, "versions": list(rt.proto.version)}
+            final = rt.books.final(rt.proto.rounds_closed, rt.opts.expect_learners)
+            return {**rt.acct, **final, "versions": list(rt.proto.version)}

@@ -41,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from atoll import metrics
 from atoll.core.events import Evaluated
+from atoll.live.syncer.chart_history import combine_history
 from atoll.live.syncer.endpoints import (
     EVALS,
     RECENT_MARKS,
@@ -49,7 +50,7 @@ from atoll.live.syncer.endpoints import (
     _Server,
     eval_gauge,
     eval_row,
-    window_end,
+    series,
 )
 from atoll.threads import OnDeath, guarded
 
@@ -62,6 +63,7 @@ DEFAULTS: dict[str, Any] = {
     **dict.fromkeys(SUMMED, 0),
     "run_id": "", "epoch": "", "tokens": 0, "token_budget": 0, "learners_expected": 0,
     "start": 0.0, "quiet_after_s": 0.0, "versions": [], "evals": [], "finished": False,
+    "first_join": None, "last_accepted": None, "window_s": 0.0, "learners_live": 0,
 }  # fmt: skip
 
 
@@ -89,6 +91,7 @@ class ShardReader:
         self._lock = threading.Lock()  # one status read at a time; the others take its result
         self._combined: tuple[float, dict[str, Any]] | None = None
         self.evals: deque[dict[str, Any]] = deque(maxlen=EVALS)  # the set's (shard_eval.py)
+        self.marks: deque[dict[str, Any]] = deque(maxlen=RECENT_MARKS)  # shards down, back
 
     def evaluated(self, e: Evaluated) -> None:
         """An evaluation of the whole model the supervisor recorded: on the loss chart."""
@@ -128,7 +131,7 @@ class ShardReader:
                 return self._combined[1]
             now, fresh = time.time(), {}
             for sh, body in zip(self.shards, self.read("/status.json"), strict=True):
-                sh.up = False
+                was, sh.up = sh.up, False
                 try:
                     if isinstance(body, str):
                         raise OSError(body)
@@ -137,10 +140,19 @@ class ShardReader:
                         raise ValueError("not an object")
                 except (OSError, ValueError) as exc:
                     sh.error = str(exc)[:200]
+                    if was:
+                        self.marks.append({"t": now, "kind": "shard down", "learner": "",
+                                           "shard": sh.index, "why": sh.error})  # fmt: skip
                     continue
+                if not was and sh.status is not None:  # it answered before: back again
+                    self.marks.append(
+                        {"t": now, "kind": "shard restored", "learner": "", "shard": sh.index}
+                    )
                 sh.status, sh.seen_at, sh.up, sh.error = st, now, True, ""
                 fresh[sh.index] = st
             combined = combine(self.shards, fresh, now, list(self.evals))
+            marks = [*combined["marks"], *self.marks]
+            combined["marks"] = sorted(marks, key=lambda m: _num(m.get("t")))[-RECENT_MARKS:]
             self._combined = (time.monotonic(), combined)
             return combined
 
@@ -182,14 +194,30 @@ def combine(
         out["start"] = min(_num(sh.status.get("start")) or now for sh in known)  # type: ignore[union-attr]
     if evals:
         out["evals"] = evals
-    # as each shard counts it: the start to now, or once the budget is spent (the home shard
-    # says) to the last contribution any shard took
-    ends = [_num(sh.status.get("last_accepted")) for sh in known]  # type: ignore[union-attr]
-    end = window_end(bool(out.get("finished")), max(ends, default=0.0), now)
-    window = max(end - _num(out["start"]), 1e-9) if out["start"] else 1e-9
-    expected = max(int(_num(out["learners_expected"])), 1)
-    out["goodput"] = metrics.goodput_of(out["useful_s"], expected, window)
+    # the set's figures as one syncer's (metrics.Figures): sums, the earliest join, the latest
+    # contribution any shard took; tokens the home shard's
+    f = metrics.combine_figures(
+        [_figures(sh.status) for sh in known],
+        int(_num(out["learners_expected"])),  # type: ignore[arg-type]
+    )
+    f.heard_tokens = int(_num(out["tokens"]))
+    out.update(f.as_dict())
+    out["dp_bytes"] = int(_num(home.get("dp_bytes")))  # each shard counts every step: home's
     return out
+
+
+def _figures(st: dict[str, Any]) -> metrics.Figures:
+    """A shard's figures from its /status.json."""
+    times = {k: (st.get(k) if isinstance(st.get(k), int | float) else None)
+             for k in ("first_join", "last_accepted")}  # fmt: skip
+    return metrics.Figures(
+        rounds=int(_num(st.get("rounds"))),
+        accepted=int(_num(st.get("accepted"))),
+        received_bytes=int(_num(st.get("bytes_in"))),
+        useful_s=float(_num(st.get("useful_s"))),
+        start=times["first_join"],
+        last_accepted=times["last_accepted"],
+    )
 
 
 def _num(v: Any) -> float:
@@ -256,6 +284,10 @@ class _ShardSeries:
                 for s in fam.samples:
                     labels = {**s.labels, "shard": str(sh.index)}
                     out.add_sample(s.name, labels, s.value, s.timestamp, s.exemplar)
+        for fam in series(self.reader.status()):  # the set's own, without a shard label
+            out = families.setdefault(fam.name, fam)
+            if out is not fam and out.type == fam.type:
+                out.samples.extend(fam.samples)
         yield up
         yield from families.values()
         if "atoll_syncer_eval_loss" not in families:  # the set's, not a shard's
@@ -272,6 +304,20 @@ class ShardSetMetrics:
 
     def status(self) -> dict[str, Any]:
         return self.reader.status()
+
+    def history_json(self) -> dict[str, Any]:
+        """/history.json of the set: its shards' points combined (chart_history.py)."""
+        s = self.reader.status()
+        parts: list[list[dict[str, Any]]] = []
+        for body in self.reader.read("/history.json"):
+            try:
+                h = json.loads(body) if isinstance(body, bytes) else {}
+            except ValueError:
+                h = {}
+            parts.append(h.get("points") or [] if isinstance(h, dict) else [])
+        learners = int(_num(s.get("learners_expected")))
+        return {"points": combine_history(parts, s.get("first_join"), learners),
+                "marks": s["marks"]}  # fmt: skip
 
 
 class ShardSetEndpoints:

@@ -151,6 +151,11 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
             evaluation.observers.append(page.reader.evaluated)  # the set's loss chart
         evaluation.start()
     if view is not None:
+        if page is not None:  # the learners and tokens as the shards hear them
+            st = page.metrics.status
+            view.hear = lambda state, now: (
+                (s := st()) and state.heard(s["learners"], now, s["quiet_after_s"], s["tokens"])
+            )
         view.start()
     start = time.time()
     ending = None if args.launched else _Ending(args, job, run_dir, count, start)
@@ -292,6 +297,7 @@ def combine(run_dir: Path, count: int) -> None:
              if (d / "syncer_final.json").exists()]  # fmt: skip
     if not books:
         return
+    from atoll.live.syncer.books import set_figures
     from atoll.live.syncer.shard_endpoints import newest_versions
 
     out = dict(books[0])  # the home shard's tokens, start and epochs
@@ -299,6 +305,7 @@ def combine(run_dir: Path, count: int) -> None:
         out[k] = sum(b.get(k, 0) for b in books)
     out["versions"] = newest_versions([b.get("versions") for b in books])
     out["shards"] = [{k: b.get(k) for k in ("restarts", "lost_committed_rounds")} for b in books]
+    out.update(set_figures(books))  # goodput over the set's window
     tmp = run_dir / "syncer_final.json.tmp"
     tmp.write_text(json.dumps(out, indent=1))
     os.replace(tmp, run_dir / "syncer_final.json")
