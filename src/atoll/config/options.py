@@ -74,8 +74,8 @@ def syncer_options(
 
 def learner_options(job: JobConfig, index: int) -> dict[str, object]:
     """The settings' keyword arguments of learner `index`'s `Learner(...)`: its answer wait,
-    upload limit, heartbeat and communication mode (`auto` decided for one learner process:
-    `atoll run` passes the mode it chose for all of them)."""
+    upload limit, heartbeat, join timeout and communication mode (`auto` decided for one
+    learner process: `atoll run` passes the mode it chose for all of them)."""
     from atoll.live.comm_mode import resolve_comm
 
     live = job.live
@@ -83,5 +83,6 @@ def learner_options(job: JobConfig, index: int) -> dict[str, object]:
         "wait_s": live.wait_s,
         "shape_mbps": live.shape_factors(job.run.learners)[index],
         "heartbeat_s": live.heartbeat_s,
+        "connect_timeout_s": live.join_timeout_s,
         "comm": resolve_comm(live.comm, 1),
     }

@@ -38,8 +38,8 @@ from atoll.core.events import CommFatal, Event, Step, Training
 from atoll.core.fragments import FlatFragments, FragmentPlan, FragmentStore
 from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
-from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
+from atoll.live.address import check_addresses
 from atoll.live.comm_mode import learners_on_host, resolve_comm
 from atoll.live.learner import ending, joining
 from atoll.live.learner.island import (
@@ -58,6 +58,7 @@ from atoll.live.learner.messages import (
     CommStatus,
     FromComm,
     HealReceived,
+    JoinRetry,
     PullReceived,
     RefusalReceived,
     RequestHeal,
@@ -109,8 +110,7 @@ class Learner:
         `switch_interval_s`: with comm threads, `sys.setswitchinterval` for the whole process
         (Python's 5 ms can delay the training thread after each torch op; `atoll learner`
         uses 2e-4). None (default): the interpreter is left alone."""
-        if any(":" not in a for a in syncer.split(",")):
-            raise ConfigError("syncer", syncer, "host:port, or a sharded syncer's host:port,...")
+        check_addresses(syncer)
         self.island = Island.of(group)
         if self.island is not None:  # its talking rank (the other ranks: IslandMember)
             model = unwrap(model)
@@ -126,6 +126,7 @@ class Learner:
         self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.run_id = run_id
         self.secret = secret if secret is not None else load_secret(secret_file)
+        self.tls_ca = tls_ca
         self.wait_s = wait_s
         self.events = events if isinstance(events, EventLog) else EventLog(events)
         self.started = time.time()
@@ -183,6 +184,7 @@ class Learner:
         try:
             joining.first_heal(self, timeout)
         except BaseException:
+            self.port.abort()  # nothing to send yet
             self.close()
             raise
 
@@ -336,9 +338,11 @@ class Learner:
             case RefusalReceived(fragment, reason, action):
                 self.refused += 1
                 self._outputs(proto.on_refused(time.time(), fragment, reason, action))
-            case CommFailed(reason):  # nothing would reach the syncer again: stop loudly
+            case CommFailed(reason) as failed:  # nothing would reach the syncer again: stop
                 self.events.record(self.id, CommFatal(reason))
-                raise CommError(f"learner {self.id}: {reason}")
+                raise joining.failure(self, failed)
+            case JoinRetry():
+                pass  # a shard not yet joined: said while joining
             case Welcomed(data):  # a rejoin: a heal follows, or it resumes
                 w, restarted = self._welcomes.take(data)
                 self._outputs(proto.on_welcome(time.time(), restarted, w.heal, w.served))
