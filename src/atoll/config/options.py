@@ -63,7 +63,7 @@ def syncer_options(
         snapshot_history=live.snapshot_history,
         tape_fsync=live.tape_fsync,
         # the token budget is counted by the home shard (0) alone (core/shards.py)
-        token_budget=job.sim.token_budget() if budget and not (shard and shard.index) else 0,
+        token_budget=job.sim.budget_tokens() if budget and not (shard and shard.index) else 0,
         tls_cert=tls_cert,
         tls_key=tls_key,
         expect_learners=job.run.learners if expect is None else expect,

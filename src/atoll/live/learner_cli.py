@@ -204,7 +204,7 @@ def main(args: argparse.Namespace) -> int:
     start = time.time()
     if lcfg.start_barrier and args.restart == 0 and rank == 0:
         start = _start_time(args, learner, stop)
-    limit = args.max_steps or 4 * scfg.steps * scfg.learners
+    limit = args.max_steps or 4 * -(-scfg.budget_tokens() // (scfg.batch * scfg.context))
     period = lcfg.pace_s * slowdown
     local = 0
     # a restarted learner goes on with the run's learning-rate schedule, where the run is

@@ -80,7 +80,7 @@ def summarize(
         "method": "decoupled_live",
         "eval_loss": evaluate(run_dir, scfg) if lcfg.eval else float("nan"),
         "tokens": tokens,
-        "token_budget": scfg.token_budget(),
+        "token_budget": scfg.budget_tokens(),
         "wall_time_s": end - start,
         "training_window_s": window,
         "goodput": stats["goodput"],
