@@ -2,6 +2,16 @@
 
 from typing import TYPE_CHECKING
 
+from atoll.errors import (
+    AuthError,
+    CommError,
+    ConfigError,
+    JoinError,
+    JoinTimeoutError,
+    LearnerError,
+    RunError,
+)
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
@@ -22,4 +32,15 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'atoll' has no attribute {name!r}")
 
 
-__all__ = ["Learner", "__version__", "save_init"]
+__all__ = [
+    "AuthError",
+    "CommError",
+    "ConfigError",
+    "JoinError",
+    "JoinTimeoutError",
+    "Learner",
+    "LearnerError",
+    "RunError",
+    "__version__",
+    "save_init",
+]

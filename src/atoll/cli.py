@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from atoll.errors import ConfigError, RunError
+from atoll.errors import ConfigError, LearnerError, RunError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("atoll.sim.cli", "run Decoupled DiLoCo and its baselines in the virtual-time driver"),
@@ -47,8 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     args._argv = list(argv)  # the command line itself (an island's learner runs it again)
     try:
         return int(args._module.main(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, LearnerError) as exc:  # bad input, or a learner that cannot join
         print(f"atoll {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.filename is None:  # not a path the user gave: a defect, with its traceback
+            raise
+        print(f"atoll {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     except RunError as exc:
         print(f"atoll {args.command}: error: {exc}", file=sys.stderr)

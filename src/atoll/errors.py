@@ -1,5 +1,7 @@
-"""The exception types a user sees: bad input (`ConfigError`), a learner whose link to the
-syncer can no longer work (`CommError`), and a run that cannot go on (`RunError`)."""
+"""The exception types a user sees: bad input (`ConfigError`), a learner that cannot join its
+syncer or go on (`LearnerError`: `AuthError`, `JoinError`, `JoinTimeoutError`, `CommError`),
+and a run that cannot go on (`RunError`). Each message is one line saying why and what to do:
+the command line prints it as is (exit 2); the library raises it, never exits."""
 
 EXIT_STORE = 65  # the syncer cannot restore its run (EX_DATAERR): restarting it cannot help
 
@@ -18,7 +20,27 @@ class ConfigError(ValueError):
         super().__init__(f"{setting}={value!r} is not allowed: {allowed}")
 
 
-class CommError(RuntimeError):
+class LearnerError(RuntimeError):
+    """`atoll.Learner` cannot join its syncer or go on; the subclasses say why."""
+
+
+class AuthError(LearnerError, ConnectionError):
+    """The syncer refused the learner's call: another shared secret, run id or protocol
+    version. Retrying cannot help; raised within a second of the refusal."""
+
+
+class JoinError(LearnerError, ConnectionError):
+    """The syncer answered but the learner cannot join it: it refused the learner (taken for
+    another shard), its Welcome cannot be used, or its model is not the learner's."""
+
+
+class JoinTimeoutError(LearnerError, TimeoutError):
+    """No heal within the join timeout (`Learner(connect_timeout_s=...)`, the `join_timeout_s`
+    setting): no syncer answered at the address (the message says what the last attempt met,
+    e.g. connection refused), or it answered and sent no heal."""
+
+
+class CommError(LearnerError):
     """A learner's communication side is gone (its process killed, a thread dead, the syncer
     refused it): raised from `Learner.step()`, so that the process stops loudly and its
     supervisor restarts it (it then heals from the syncer)."""

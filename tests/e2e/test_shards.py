@@ -132,11 +132,11 @@ def test_a_learner_with_the_shards_out_of_order_or_another_run_is_refused(tmp_pa
         from atoll.model.recipe import new_model
 
         model = new_model(load_job([s for s in SETS if s != "--set"], None).sim)
-        with pytest.raises(ConnectionError) as e:
+        with pytest.raises(atoll.JoinError) as e:
             atoll.Learner(model, syncer=f"{a1},{a0}", run_id=RUN, secret=SECRET,
                           comm="thread", connect_timeout_s=30)  # fmt: skip
         assert "this syncer is shard" in str(e.value) and "shard order" in str(e.value)
-        with pytest.raises(ConnectionError) as e:
+        with pytest.raises(atoll.AuthError) as e:
             atoll.Learner(model, syncer=addr, run_id="another-run", secret=SECRET,
                           comm="thread", connect_timeout_s=30)  # fmt: skip
         assert "run" in str(e.value)

@@ -212,6 +212,7 @@ def test_a_syncer_whose_welcome_cannot_be_used_stops_the_learner_loudly():
     connect timeout). Now a few in a row end it with the reason."""
     from concurrent import futures
 
+    from atoll.errors import JoinError
     from atoll.live.learner import Learner
     from atoll.model.recipe import new_model
 
@@ -230,7 +231,7 @@ def test_a_syncer_whose_welcome_cannot_be_used_stops_the_learner_loudly():
     try:
         model = new_model(CFG)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with pytest.raises(ConnectionError, match=r"Welcome cannot be used: Welcome.H=0"):
+        with pytest.raises(JoinError, match=r"Welcome cannot be used: Welcome.H=0"):
             Learner(model, opt, f"127.0.0.1:{port}", learner_id="L0", run_id=RUN,
                     secret=SECRET, comm="thread", connect_timeout_s=60)  # fmt: skip
         assert len(joins) == 5  # not a TimeoutError after 60 s of rejoining

@@ -306,7 +306,7 @@ def test_kill_stall_and_remove_in_virtual_time(corpus):
     assert not of(sim, "sent", "L2", 12.0) and not accepted_from(sim, "L2", 12.0)
     assert [e.data.why for e in of(sim, "lost") if e.data.learner == "L2"] == ["removed"]
     assert not of(sim, "failed", "L2")
-    assert r.tokens >= SimConfig(**SMALL).token_budget()  # the others finish the budget
+    assert r.tokens >= SimConfig(**SMALL).budget_tokens()  # the others finish the budget
 
 
 def test_added_learner_cut_and_slowed_links(corpus):
@@ -339,7 +339,7 @@ def test_killed_syncer_merges_nothing_while_down_and_loses_nothing_committed(cor
     # learners trained on, were not healed again, and resumed with the restarted syncer
     assert len(of(sim, "healed")) == SMALL["learners"] and len(of(sim, "reconnected")) == 3
     assert all(e.data.lost_committed_rounds == 0 for e in of(sim, "seen_check"))
-    assert of(sim, "sent", lo=8.0, hi=12.0) and r.tokens >= SimConfig(**SMALL).token_budget()
+    assert of(sim, "sent", lo=8.0, hi=12.0) and r.tokens >= SimConfig(**SMALL).budget_tokens()
 
 
 def test_faults_after_the_run_change_nothing(corpus):

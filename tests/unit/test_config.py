@@ -209,7 +209,7 @@ def test_live_options_are_built_from_the_job(tmp_path):
     for f in dataclasses.fields(SyncerOptions):
         if hasattr(job.live, f.name):
             assert getattr(opts, f.name) == getattr(job.live, f.name), f.name
-    assert opts.token_budget == job.sim.token_budget() and opts.expect_learners == 2
+    assert opts.token_budget == job.sim.budget_tokens() and opts.expect_learners == 2
     assert syncer_options(job, tmp_path, "r", "s", budget=False).token_budget == 0
     assert syncer_options(job, tmp_path, "r", "s").expect_learners == 3
     kw = learner_options(job, 2)
@@ -224,3 +224,30 @@ def test_sim_config_is_the_flat_view_of_the_sections():
     flat = {k: v for s in ("run", "model", "protocol", "world") for k, v in
             dataclasses.asdict(getattr(job, s)).items()}  # fmt: skip
     assert job.sim == SimConfig(**flat)
+
+
+def test_a_custom_models_token_budget_is_a_setting_of_its_own(tmp_path):
+    """0 (the default): the built-in model's learners x steps x batch x context; set (> 0), it
+    wins, for the syncer, the sim and the summary alike, whatever batch and context say."""
+    job = load_job(["learners=3", "steps=10", "batch=4", "context=8"])
+    assert job.run.token_budget == 0 and job.sim.budget_tokens() == 3 * 10 * 4 * 8
+    job = load_job(["learners=3", "steps=10", "batch=4", "context=8", "token_budget=5000000"])
+    assert job.sim.budget_tokens() == 5_000_000
+    assert syncer_options(job, tmp_path, "r", "secret-123").token_budget == 5_000_000
+    assert load_job(["run.token_budget=77"]).sim.budget_tokens() == 77
+    toml = tmp_path / "job.toml"
+    toml.write_text("[run]\ntoken_budget = 4_096_000\n")
+    assert load_job([], str(toml)).sim.budget_tokens() == 4_096_000
+    with pytest.raises(ConfigError, match=r"^token_budget=-1 is not allowed: an integer >= 0"):
+        load_job(["token_budget=-1"])
+    with pytest.raises(ConfigError, match=r"^token_budget="):
+        load_job(["token_budget=lots"])
+
+
+def test_the_join_timeout_is_a_live_setting_the_learner_gets():
+    job = load_job(["join_timeout_s=7.5"])
+    assert learner_options(job, 0)["connect_timeout_s"] == 7.5
+    assert learner_options(load_job([]), 0)["connect_timeout_s"] == 60.0
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ConfigError, match=r"^join_timeout_s="):
+            load_job([f"join_timeout_s={bad}"])

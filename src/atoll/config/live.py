@@ -28,6 +28,9 @@ class LiveConfig:
     snapshot_history: int = 8  # public versions per fragment kept in a snapshot
     tape_fsync: bool = False  # fsync every tape record (power-loss durability)
     wait_s: float = 0.0  # longest a learner waits at step s+tau for a late answer
+    # a learner that is not healed by its syncer this long after it starts gives up, with one
+    # line saying what the last attempt met (e.g. connection refused at HOST:PORT)
+    join_timeout_s: float = 60.0
     pace_s: float = 0.0  # built-in learner: step k ends at start + k*pace_s*speed (0: free)
     start_barrier: bool = True  # built-in learners start together once all have joined
     shape_mbps: str = "0"  # per-learner upload limit (token bucket), 0 = unshaped
@@ -86,6 +89,8 @@ class LiveConfig:
             raise ConfigError("max_learners", self.max_learners, "an integer >= 1")
         if not self.eval_every_s > 0:
             raise ConfigError("eval_every_s", self.eval_every_s, "a number > 0 (seconds)")
+        if not 0 < self.join_timeout_s < math.inf:
+            raise ConfigError("join_timeout_s", self.join_timeout_s, "a number > 0 (seconds)")
         if self.pace_s < 0:
             raise ConfigError("pace_s", self.pace_s, "a number >= 0 (seconds per step)")
         if self.wait_s < 0 or self.restart_delay_s < 0:

@@ -64,7 +64,7 @@ def syncer_options(
         tape_fsync=live.tape_fsync,
         # every shard counts the budget (its run ends by it); learners take the home shard's
         # (0) stop and remaining tokens (core/shards.py)
-        token_budget=job.sim.token_budget() if budget else 0,
+        token_budget=job.sim.budget_tokens() if budget else 0,
         tls_cert=tls_cert,
         tls_key=tls_key,
         expect_learners=job.run.learners if expect is None else expect,
@@ -75,8 +75,8 @@ def syncer_options(
 
 def learner_options(job: JobConfig, index: int) -> dict[str, object]:
     """The settings' keyword arguments of learner `index`'s `Learner(...)`: its answer wait,
-    upload limit, heartbeat and communication mode (`auto` decided for one learner process:
-    `atoll run` passes the mode it chose for all of them)."""
+    upload limit, heartbeat, join timeout and communication mode (`auto` decided for one
+    learner process: `atoll run` passes the mode it chose for all of them)."""
     from atoll.live.comm_mode import resolve_comm
 
     live = job.live
@@ -84,5 +84,6 @@ def learner_options(job: JobConfig, index: int) -> dict[str, object]:
         "wait_s": live.wait_s,
         "shape_mbps": live.shape_factors(job.run.learners)[index],
         "heartbeat_s": live.heartbeat_s,
+        "connect_timeout_s": live.join_timeout_s,
         "comm": resolve_comm(live.comm, 1),
     }

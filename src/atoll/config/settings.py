@@ -44,6 +44,10 @@ class RunSettings:
     learners: int = 4  # M
     steps: int = 150  # inner steps per learner; token budget = learners*steps*batch*context
     threads: int = 1  # torch threads (the math is identical for a given value)
+    # tokens the run trains, every learner's together (the syncer ends the run there); 0: the
+    # built-in model's learners*steps*batch*context. A custom model's tokens per step are its
+    # own: set its budget here
+    token_budget: int = 0
 
     def validate(self) -> RunSettings:
         need(self, self.method in METHODS, "method", f"one of {METHODS}")
@@ -55,6 +59,13 @@ class RunSettings:
         )
         need(self, self.steps >= 1, "steps", "an integer >= 1")
         need(self, self.threads >= 1, "threads", "an integer >= 1")
+        need(
+            self,
+            self.token_budget >= 0,
+            "token_budget",
+            "an integer >= 0: tokens the run trains, every learner's together (0: learners x "
+            "steps x batch x context, the built-in model's)",
+        )
         return self
 
 
@@ -318,7 +329,11 @@ class SimConfig(WorldSettings, ProtocolSettings, ModelSettings, RunSettings):
     def speed_factors(self) -> list[float]:
         return self.speeds_for(self.learners)
 
-    def token_budget(self) -> int:
+    def budget_tokens(self) -> int:
+        """The run's token budget: `token_budget` when set (> 0), else the built-in model's
+        learners x steps x batch x context."""
+        if self.token_budget > 0:
+            return self.token_budget
         return self.learners * self.steps * self.batch * self.context
 
     def validate(self) -> SimConfig:

@@ -1,4 +1,5 @@
-"""Small client helpers: find a syncer's address, wait for it to answer, ask for its status."""
+"""Small client helpers: find a syncer's address, wait for it to answer, ask for its status,
+check that it takes a learner's secret."""
 
 from __future__ import annotations
 
@@ -8,9 +9,37 @@ from pathlib import Path
 
 import grpc
 
+from atoll.errors import AuthError
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata, open_channel
+
+
+def refused(who: str, address: str, reason: str, run_id: str) -> AuthError:
+    """The one line for a call the syncer refused (UNAUTHENTICATED: wire/auth.py's check)."""
+    return AuthError(
+        f"{who}: the syncer at {address} refused it ({reason}): give it the syncer's shared "
+        f"secret (a secret file or the ATOLL_SECRET environment variable), run id (this one: "
+        f"{run_id!r}) and atoll version"
+    )
+
+
+def check_secret(
+    who: str,
+    address: str,
+    run_id: str,
+    secret: str,
+    tls_ca: str | None = None,
+    timeout: float = 2.0,
+) -> None:
+    """One Status call to the syncer (the home shard of a sharded one): `refused` at once if it
+    refuses the secret, run id or protocol; nothing if it answers, or cannot be reached (the
+    learner's communication side then retries, and says so)."""
+    try:
+        status(address, run_id, secret, timeout, tls_ca)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise refused(who, address.split(",")[0], str(exc.details()), run_id) from None
 
 
 def status(

@@ -5,6 +5,7 @@ rank 0 talks to the syncer: atoll.live.learner.island)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -114,6 +115,19 @@ def main(args: argparse.Namespace) -> int:
     import signal
     import time
 
+    from atoll.live.address import check_addresses
+    from atoll.live.client import check_secret
+    from atoll.wire.auth import load_secret
+
+    # a bad address, or a secret or run id the syncer refuses, is said in one line at once,
+    # before torch and the data are loaded (seconds on a busy host); no secret at all is said
+    # once the data are checked
+    check_addresses(args.syncer, "--syncer")
+    with contextlib.suppress(ConfigError):
+        secret = load_secret(args.secret_file)
+        check_secret(f"learner {args.id or f'L{args.index}'}", args.syncer, args.run_id, secret,
+                     args.tls_ca)  # fmt: skip
+
     import torch
 
     from atoll.config import load_job
@@ -185,12 +199,12 @@ def main(args: argparse.Namespace) -> int:
         # the training thread's wait after each torch op (the library's opt-in, docs/live.md)
         switch_interval_s=2e-4,
         faults_file=str(args.faults) if args.faults else None,
-        **learner_options(job, args.index),  # wait_s, shape_mbps, heartbeat_s, comm
+        **learner_options(job, args.index),  # wait_s, shape_mbps, heartbeat_s, timeout, comm
     )
     start = time.time()
     if lcfg.start_barrier and args.restart == 0 and rank == 0:
         start = _start_time(args, learner, stop)
-    limit = args.max_steps or 4 * scfg.steps * scfg.learners
+    limit = args.max_steps or 4 * -(-scfg.budget_tokens() // (scfg.batch * scfg.context))
     period = lcfg.pace_s * slowdown
     local = 0
     # a restarted learner goes on with the run's learning-rate schedule, where the run is

@@ -78,7 +78,7 @@ def summarize(
         "eval_loss": evaluate(run_dir, scfg) if lcfg.eval else float("nan"),
         "tokens": tokens,
         "learners": M,
-        "token_budget": scfg.token_budget(),
+        "token_budget": scfg.budget_tokens(),
         "wall_time_s": end - start,
         "training_window_s": window,
         "goodput": stats["goodput"],

@@ -253,7 +253,7 @@ def _evaluation(
     if shard is not None:
         if not (args.eval_parts and job.live.eval):
             return None
-        budget = 0 if args.no_budget else job.sim.token_budget()  # every shard hears the tokens
+        budget = 0 if args.no_budget else job.sim.budget_tokens()  # every shard hears the tokens
         return LiveEvaluation(
             service.runtime, None, points, every_s, part_dir(args.run_dir), budget
         )

@@ -393,8 +393,8 @@ def view_for(
     plan = plan if plan is not None else builtin_plan(scfg)[0]
     step = allreduce_factor("ring", learners) * plan.nbytes_fp32()
     if per_step:
-        state = RunState(learners, scfg.token_budget(), dp_bytes_per_step=step)
+        state = RunState(learners, scfg.budget_tokens(), dp_bytes_per_step=step)
     else:
-        state = RunState(learners, scfg.token_budget(), step / (scfg.batch * scfg.context))
+        state = RunState(learners, scfg.budget_tokens(), step / (scfg.batch * scfg.context))
     path = events if events is not None else Path(run_dir) / "events.jsonl"
     return RunView(path, state, display=display, sinks=sinks)

@@ -102,7 +102,7 @@ class _Run:
         self.bw, self.lat = cfg.bandwidth_mbps * 1e6, cfg.latency_ms / 1e3
         self.progress = progress
         self.t = self.useful = self.lost = self.down = 0.0
-        self.tokens, self.budget = 0, cfg.token_budget()
+        self.tokens, self.budget = 0, cfg.budget_tokens()
         self.curve: list[dict[str, float]] = []
         self.eval_points = EvalPoints(self.budget, cfg.eval_points)
 

@@ -119,7 +119,7 @@ class DecoupledSim:
         self._seq = itertools.count()
         self.events: list[Event] = []
         self.tokens = 0
-        self.budget = cfg.token_budget()
+        self.budget = cfg.budget_tokens()
         self.stopping = False
         self.end_time = 0.0
         self.failures = 0

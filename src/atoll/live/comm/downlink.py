@@ -5,7 +5,10 @@ each is reassembled and crc-checked (atoll.wire.chunks), and a broadcast update 
 here, so that the training thread gets a float32 tensor (`UpdateReceived`). A heal is handed
 over whole (`HealReceived`) once every fragment's full value has arrived. The stream
 reconnects with backoff (0.2 s doubling to 2 s, with jitter); the Hello asks to *resume*
-(local progress kept) unless a heal was requested.
+(local progress kept) unless a heal was requested. Until the first Welcome, each Join that
+finds no syncer is told to the training side (`JoinRetry`: what it met, e.g. connection
+refused), which says so and gives up after its join timeout; a refusal of the secret ends the
+side at once (`CommFailed`, kind "auth").
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from atoll.live.learner.messages import (
     CommFailed,
     FromComm,
     HealReceived,
+    JoinRetry,
     UpdateReceived,
     Welcomed,
 )
@@ -36,6 +40,28 @@ from atoll.wire import convert
 from atoll.wire.chunks import Assembler, TransferError
 
 UNUSABLE_WELCOMES = 5  # unusable Welcomes in a row before the learner stops (it raises)
+REFUSALS = {
+    grpc.StatusCode.UNAUTHENTICATED: "auth",  # the secret, run id or protocol (wire/auth.py)
+    grpc.StatusCode.FAILED_PRECONDITION: "refused",  # e.g. taken for another shard
+}
+
+
+def unreachable(exc: grpc.RpcError) -> str:
+    """What a Join that found no syncer met, in a few words, from its gRPC status."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = str(exc.details() if hasattr(exc, "details") else exc) or ""
+    low = details.lower()
+    if "connection refused" in low:
+        return "connection refused"
+    if "resolv" in low or "dns" in low or "name not found" in low:
+        return "host name not found"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return "no atoll syncer (another service answers)"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED or "timed out" in low or "timeout" in low:
+        return "no answer (timed out)"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return f"the syncer is full ({details[:200]})"
+    return (details.splitlines() or [str(code)])[0][:200]
 
 
 @dataclass(eq=False)
@@ -62,8 +88,9 @@ class Downlink(Part):
     def run(self) -> None:
         """The down thread."""
         ch, flags, events, say = self.channels, self.flags, self.events, self.reporter.send
-        backoff, unusable = 0.2, 0
+        backoff, unusable, attempts = 0.2, 0, 0
         while not flags.closing.is_set():
+            attempts += 1
             call = ch.bulk_stub.Join(self.hello(), metadata=ch.metadata)
             ch.set_join(call)
             try:
@@ -78,19 +105,21 @@ class Downlink(Part):
                         msg = UpdateReceived(msg.update, self.decode(msg.update))
                     say(msg)
             except grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
-                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
-                    say(CommFailed(f"syncer refused us: {exc.details()}"))
+                kind = REFUSALS.get(exc.code() if hasattr(exc, "code") else None)
+                if kind is not None:
+                    say(CommFailed(f"syncer refused us: {exc.details()}", kind))
                     events.record(self.id, RefusedBySyncer(reason=str(exc.details())))
                     flags.closing.set()
                     break
+                if not self._welcomed and not flags.connected.is_set():  # never joined yet
+                    say(JoinRetry(self.o.address, attempts, unreachable(exc)))
             except TransferError as exc:
                 events.record(self.id, TransferFailed(error=str(exc)))
                 # before any Welcome of this call was usable: the syncer speaks a session this
                 # learner cannot use, which retrying does not change; stop loudly
                 unusable += 0 if flags.connected.is_set() else 1
                 if unusable >= UNUSABLE_WELCOMES:
-                    say(CommFailed(f"the syncer's Welcome cannot be used: {exc}"))
+                    say(CommFailed(f"the syncer's Welcome cannot be used: {exc}", "unusable"))
                     flags.closing.set()
                     break
             finally:

@@ -1,12 +1,5 @@
-"""The learner library: Decoupled DiLoCo for any PyTorch training loop.
-
-    learner = Learner(model, inner_optimizer, syncer="127.0.0.1:7070", learner_id="L0")
-    for batch in data:
-        loss = ...; loss.backward(); inner_optimizer.step(); inner_optimizer.zero_grad()
-        learner.step(tokens=batch_tokens)   # never blocks on the network
-        if learner.should_stop:
-            break
-    learner.finish()
+"""The learner library: Decoupled DiLoCo for any PyTorch training loop (`Learner`'s docstring
+has the loop).
 
 `Learner` drives atoll.core.learner.LearnerProtocol and decides nothing itself: at every step
 boundary (`step()`, in the training thread) it hands the protocol what arrived and does what
@@ -15,8 +8,7 @@ most `wait_s`, or end the run: ending.py). The communication side (atoll.live.co
 sends, in a child process (`comm="process"`: no thread competes for the training process's GIL)
 or in threads (`comm="thread"`); ports.py, messages.py. On a rank of a torch.distributed group
 it is an island (island.py). If the syncer goes away, the communication side reconnects and
-resumes (keeps local progress when the syncer still holds its base versions, else heals). The
-constructor blocks until the first heal; the inner optimizer's state is kept across receipts.
+resumes (keeps local progress when the syncer still holds its base versions, else heals).
 """
 
 from __future__ import annotations
@@ -38,8 +30,8 @@ from atoll.core.events import CommFatal, Event, Step, Training
 from atoll.core.fragments import FlatFragments, FragmentPlan, FragmentStore
 from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
-from atoll.errors import CommError, ConfigError
 from atoll.eventlog import EventLog
+from atoll.live.address import check_addresses
 from atoll.live.comm_mode import learners_on_host, resolve_comm
 from atoll.live.learner import ending, joining
 from atoll.live.learner.island import (
@@ -58,6 +50,7 @@ from atoll.live.learner.messages import (
     CommStatus,
     FromComm,
     HealReceived,
+    JoinRetry,
     PullReceived,
     RefusalReceived,
     RequestHeal,
@@ -72,6 +65,30 @@ from atoll.wire.auth import load_secret
 
 
 class Learner:
+    """One learner of a Decoupled DiLoCo run: your model and inner optimizer, trained in your
+    own loop, kept in sync with the run's syncer in the background.
+
+        learner = atoll.Learner(model, opt, syncer="host:7070", learner_id="L0",
+                                run_id="myrun", secret_file="secret.txt")
+        for batch in data:
+            ...; loss.backward(); opt.step(); opt.zero_grad()
+            learner.step(tokens=batch.numel())
+            if learner.should_stop:  # the run's token budget is spent
+                break
+        learner.finish()
+
+    The constructor returns once the model holds the syncer's values (a heal; the inner
+    optimizer's state is kept across heals); communication runs in the background.
+
+    What stops it is raised in one line, never an exit of your process: `ConfigError` (a bad
+    argument, a model not the syncer's), and the `atoll.LearnerError`s (joining.py):
+    `AuthError` (the syncer refuses the secret or run id: at once), `JoinError` (it refuses
+    this learner, e.g. taken for another shard),
+    `JoinTimeoutError` (no heal within `connect_timeout_s`; meanwhile "connection refused at
+    HOST:PORT, retrying (n)" on the "atoll.learner" logger), `CommError` from `step()`. On a
+    torch.distributed group every rank makes the same calls; rank 0 talks to the syncer.
+    """
+
     def __new__(cls, *args: Any, group: Any = None, **kwargs: Any) -> Learner:
         """A rank of a torch.distributed island other than its rank 0 is an `IslandMember`
         (atoll.live.learner.island); rank 0, or a process alone, is a `Learner`."""
@@ -102,15 +119,16 @@ class Learner:
     ) -> None:
         """Join the syncer at `syncer` ("host:port") and block until healed from it.
 
-        `group`: a torch.distributed group of 2+ ranks makes it an island (every rank calls
-        `Learner` alike; rank 0 talks to the syncer: island.py); None: the default group when
-        initialised with 2+ ranks, else one process. `comm`: "process", "thread" or "auto" (a
-        process with 2+ cores per learner process on this machine, `comm_mode`).
+        `connect_timeout_s`: the join timeout (no heal by then: `JoinTimeoutError`; a child
+        process's start counts). `group`: a torch.distributed group of 2+ ranks makes it an
+        island (every rank calls `Learner` alike; rank 0 talks to the syncer: island.py);
+        None: the default group when initialised with 2+ ranks, else one process. `comm`:
+        "process", "thread" or "auto" (a process with 2+ cores per learner process on this
+        machine, `comm_mode`).
         `switch_interval_s`: with comm threads, `sys.setswitchinterval` for the whole process
         (Python's 5 ms can delay the training thread after each torch op; `atoll learner`
         uses 2e-4). None (default): the interpreter is left alone."""
-        if any(":" not in a for a in syncer.split(",")):
-            raise ConfigError("syncer", syncer, "host:port, or a sharded syncer's host:port,...")
+        check_addresses(syncer)
         self.island = Island.of(group)
         if self.island is not None:  # its talking rank (the other ranks: IslandMember)
             model = unwrap(model)
@@ -126,6 +144,7 @@ class Learner:
         self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.run_id = run_id
         self.secret = secret if secret is not None else load_secret(secret_file)
+        self.tls_ca = tls_ca
         self.wait_s = wait_s
         self.events = events if isinstance(events, EventLog) else EventLog(events)
         self.started = time.time()
@@ -183,6 +202,7 @@ class Learner:
         try:
             joining.first_heal(self, timeout)
         except BaseException:
+            self.port.abort()  # nothing to send yet
             self.close()
             raise
 
@@ -202,8 +222,10 @@ class Learner:
     # -- the training thread ------------------------------------------------------------------
     @property
     def should_stop(self) -> bool:
-        """The run's token budget is spent (the learner protocol's word: the syncer said so,
-        or this learner trained its share of what was left)."""
+        """True once the run's token budget is spent: check it after `step()` and leave the
+        loop, then call `finish()`. The learner protocol's word: the syncer said the run is
+        over, or this learner trained its share of what its last answer said was left. Always
+        False for a syncer without a budget (it runs until stopped)."""
         return self.proto is not None and self.proto.should_stop
 
     @property
@@ -216,10 +238,13 @@ class Learner:
         return self.proto.work_s if self.proto is not None else 0.0
 
     def step(self, tokens: int) -> None:
-        """Call after every inner optimizer step. Applies received global fragments (at this
-        step boundary), hands over the contributions now due, and returns; it does no network
-        I/O and no encoding. On an island's talking rank, `tokens` is this rank's: the
-        island's step counts every rank's."""
+        """Call after every inner optimizer step, with the tokens that step trained on. Applies
+        received global fragments (at this step boundary), hands over the contributions now
+        due, and returns; it does no network I/O and no encoding. It waits only where
+        `wait_s` > 0 allows (an answer due before the next step). On an island, `tokens` is
+        this rank's: the island's step counts every rank's. Raises `CommError` (or
+        `AuthError`) when nothing can reach the syncer any more: the process should end, and
+        a restarted one heals from the syncer."""
         if self.island is not None:
             tokens = self.island.total(tokens)
         with Leading(self.island, lambda: self.should_stop):
@@ -336,9 +361,11 @@ class Learner:
             case RefusalReceived(fragment, reason, action):
                 self.refused += 1
                 self._outputs(proto.on_refused(time.time(), fragment, reason, action))
-            case CommFailed(reason):  # nothing would reach the syncer again: stop loudly
+            case CommFailed(reason) as failed:  # nothing would reach the syncer again: stop
                 self.events.record(self.id, CommFatal(reason))
-                raise CommError(f"learner {self.id}: {reason}")
+                raise joining.failure(self, failed)
+            case JoinRetry():
+                pass  # a shard not yet joined: said while joining
             case Welcomed(data):  # a rejoin: a heal follows, or it resumes
                 w, restarted = self._welcomes.take(data)
                 self._outputs(proto.on_welcome(time.time(), restarted, w.heal, w.served))
@@ -351,8 +378,10 @@ class Learner:
         return st.received < self._submitted or st.queued > 0
 
     def finish(self, timeout: float = 10.0, away_s: float = 60.0) -> None:
-        """Send every fragment's remaining work once, wait (bounded: `timeout` seconds once
-        connected) for it to be merged, close. A syncer that is away (restarting) is waited
+        """End this learner's run: call once, after the loop (whether `should_stop` ended it
+        or your data did). Sends every fragment's remaining work once, waits (bounded:
+        `timeout` seconds once connected) for it to be merged, reports the final counters and
+        closes; the learner is unusable after. A syncer that is away (restarting) is waited
         for up to `away_s` seconds: the work trained meanwhile is merged when it is back."""
         with Leading(self.island, lambda: True):
             self._finish(timeout, away_s)

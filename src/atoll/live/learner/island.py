@@ -38,6 +38,7 @@ the same learner id, healed from the syncer).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,10 +56,11 @@ class IslandError(RuntimeError):
 
 
 def is_sharded(t: torch.Tensor) -> bool:
-    """A DTensor (FSDP2's parameters): each rank holds a shard of it."""
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+    """A DTensor (FSDP2's parameters): each rank holds a shard of it. None exists before
+    torch.distributed.tensor is imported: a learner without one does not pay that import (a
+    second or more before its first Hello)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -3,19 +3,30 @@ a sharded syncer, core/shards.py) and the first heal.
 
 `Welcomes` keeps each shard's epoch and checks that every shard describes the same plan; a
 learner trains once every fragment has a value: one heal from an unsharded syncer, one heal per
-shard from a sharded one (each carries that shard's fragments)."""
+shard from a sharded one (each carries that shard's fragments).
+
+What stops the start is one line (atoll.errors): a refused secret at once (`AuthError`), a
+syncer that cannot be joined (`JoinError`), and after the join timeout `JoinTimeoutError`,
+saying what the last attempt met where no syncer answered (connection refused at HOST:PORT);
+meanwhile such attempts are said (logger "atoll.learner", every `RETRY_SAY_S` at most)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
 from atoll.core.fragments import FragmentPlan
 from atoll.core.learner import LearnerProtocol
-from atoll.live.learner.messages import CommFailed, CommStatus, HealReceived, Welcomed
+from atoll.errors import CommError, JoinError, JoinTimeoutError, LearnerError
+from atoll.live.client import check_secret, refused
+from atoll.live.learner.messages import CommFailed, CommStatus, HealReceived, JoinRetry, Welcomed
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
+
+log = logging.getLogger("atoll.learner")
+RETRY_SAY_S = 5.0  # a syncer that does not answer is said at the first attempt, then this often
 
 
 class Welcomes:
@@ -39,7 +50,7 @@ class Welcomes:
         if self.plan is None:
             self.first, self.plan = w, plan
         elif plan != self.plan:
-            raise ConnectionError(
+            raise JoinError(
                 f"shard {w.shard}/{w.shards} describes another model than shard "
                 f"{self.first.shard}/{self.first.shards} (their fragment plans differ): the "
                 "addresses name shards of different runs"
@@ -47,21 +58,48 @@ class Welcomes:
         return plan
 
 
+def failure(learner: Any, failed: CommFailed) -> LearnerError:
+    """The one-line exception for a communication side that cannot go on (its `kind`)."""
+    who = f"learner {learner.id}"
+    reason = failed.reason.removeprefix("syncer refused us: ")
+    if failed.kind == "auth":
+        return refused(who, learner.address, reason, learner.run_id)
+    if failed.kind == "refused":
+        return JoinError(f"{who}: the syncer at {learner.address} refused it: {reason}")
+    if failed.kind == "unusable":
+        return JoinError(f"{who}: {failed.reason}")
+    return CommError(f"{who}: {failed.reason}")
+
+
 def first_heal(learner: Any, timeout: float) -> None:
     """Wait for the Welcome(s) and the heal(s) until every fragment has a value; the model
     must be the syncer's (checked at the first Welcome, before any heal is applied)."""
     deadline = time.time() + timeout
+    # the secret checked with one call while the communication side starts (a child process
+    # takes seconds to import torch): a wrong one is said at once
+    check_secret(f"learner {learner.id}", learner.address, learner.run_id, learner.secret,
+                 learner.tls_ca, min(2.0, timeout))  # fmt: skip
     welcomes = learner._welcomes
+    retry: JoinRetry | None = None  # the newest attempt that found no syncer, since a Welcome
+    said: float | None = None  # when an attempt was last said (monotonic)
     while time.time() < deadline:
         match learner.port.get(0.2):
             case Welcomed(data):
+                retry = None
                 w, _ = welcomes.take(data)
                 first = welcomes.plan is None
                 plan = welcomes.first_plan(w)
                 if first:
                     plan.check_params(learner.params)  # before the heal: the syncer's model?
-            case CommFailed(reason):
-                raise ConnectionError(reason)
+            case CommFailed() as failed:
+                raise failure(learner, failed)
+            case JoinRetry() as retry:
+                if said is None or time.monotonic() - said >= RETRY_SAY_S:
+                    said = time.monotonic()
+                    log.warning(
+                        "learner %s: %s at %s, retrying (%d)",
+                        learner.id, retry.reason, retry.address, retry.attempts,
+                    )  # fmt: skip
             case CommStatus() as st:
                 learner._status(st)
             case HealReceived(heal) if welcomes.plan is not None:
@@ -70,7 +108,17 @@ def first_heal(learner: Any, timeout: float) -> None:
                 learner._apply_heal(heal)
                 if learner.proto.healed:
                     return
-    raise TimeoutError(f"no heal from the syncer at {learner.address} within {timeout:.0f} s")
+    if retry is not None:
+        raise JoinTimeoutError(
+            f"learner {learner.id}: {retry.reason} at {retry.address}: no syncer answered "
+            f"within the join timeout of {timeout:g} s ({retry.attempts} attempts); start the "
+            "syncer first, or give its address (host:port)"
+        )
+    what = "no heal from" if welcomes.plan is not None else "no answer yet from"
+    raise JoinTimeoutError(
+        f"learner {learner.id}: {what} the syncer at {learner.address} within the join timeout "
+        f"of {timeout:g} s"
+    )
 
 
 def make_protocol(learner: Any, welcome: pb.Welcome, plan: FragmentPlan) -> None:

@@ -7,7 +7,7 @@ type (`match`).
 Down (training -> communication): `Start` (first, process mode only), `StepState` (after every
 step boundary), `Reset`, `RequestHeal`, `Finishing`, `BeatOnce`, `Close`.
 Up (communication -> training): `Welcomed`, `HealReceived`, `UpdateReceived`, `PullReceived`,
-`CommStatus`, `RefusalReceived`, `CommFailed`, `BeatDone`.
+`CommStatus`, `RefusalReceived`, `CommFailed`, `JoinRetry`, `BeatDone`.
 
 Vectors stay out of the pickles where they can: in process mode a contribution's delta (up)
 and a decoded update (down) go through the shared slots (atoll.live.shm) and the message names
@@ -207,8 +207,23 @@ class RefusalReceived:
 
 @dataclass(frozen=True)
 class CommFailed:
-    """The communication side cannot go on (refused by the syncer, the child ended)."""
+    """The communication side cannot go on (refused by the syncer, the child ended). `kind`
+    says which (the training side raises the matching `atoll.errors.LearnerError`): "auth"
+    (the syncer refused the secret, run id or protocol), "refused" (it refused this learner
+    otherwise), "unusable" (its Welcome cannot be used), "" (the side itself is gone)."""
 
+    reason: str
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class JoinRetry:
+    """A Join that found no syncer before the first Welcome (`reason`: what it met, e.g.
+    "connection refused"); the stream is tried again. `attempts`: Joins so far, this one
+    included."""
+
+    address: str
+    attempts: int
     reason: str
 
 
@@ -221,5 +236,5 @@ class BeatDone:
 
 FromComm: TypeAlias = (
     "Welcomed | HealReceived | UpdateReceived | PullReceived | CommStatus | RefusalReceived"
-    " | CommFailed | BeatDone"
+    " | CommFailed | JoinRetry | BeatDone"
 )

@@ -85,6 +85,9 @@ class ThreadPort:
         except queue.Empty:
             return None
 
+    def abort(self) -> None:
+        """Before `close`, where nothing is left to send: nothing to do (threads end at once)."""
+
     def close(self) -> None:
         self.comm.close()
 
@@ -201,6 +204,13 @@ class ProcessPort:
                 break
             self._ready.extend(self.reader.read(left))  # type: ignore[arg-type]
         return self._ready.popleft() if self._ready else None
+
+    def abort(self) -> None:
+        """Before `close`, where nothing is left to send (a start that failed): the child is
+        ended at once, not waited for (it may still be importing torch)."""
+        self.dead = True
+        if self.proc.poll() is None:
+            self.proc.terminate()
 
     def close(self) -> None:
         self.send(Close())

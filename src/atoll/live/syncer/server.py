@@ -16,6 +16,7 @@ from atoll.core.events import AuthRefused, SyncerStarted
 from atoll.core.fragments import FragmentPlan
 from atoll.core.learner import LearnerConfig
 from atoll.core.syncer import SyncerConfig
+from atoll.errors import ConfigError
 from atoll.eventlog import EventLog
 from atoll.live.syncer.handlers import Handlers
 from atoll.live.syncer.limits import FdLimit, raise_fd_limit, server_options, workers
@@ -84,12 +85,20 @@ class SyncerService:
         pbg.add_SyncerServicer_to_server(self.handlers, self.server)
         addr = f"{self.opts.host}:{self.opts.port}"
         creds = server_credentials(self.opts.tls_cert, self.opts.tls_key)
-        if creds is None:
-            self.port = self.server.add_insecure_port(addr)
-        else:
-            self.port = self.server.add_secure_port(addr, creds)
+        try:
+            if creds is None:
+                self.port = self.server.add_insecure_port(addr)
+            else:
+                self.port = self.server.add_secure_port(addr, creds)
+        except RuntimeError:  # grpc's "Failed to bind": a port in use, a host not ours
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"could not listen on {addr}")
+            raise ConfigError(
+                "host:port",
+                addr,
+                "an address of this host and a port no other process listens on (port=0: any "
+                "free one)",
+            )
         self.server.start()
         self.runtime.start_threads()
         rt = self.runtime

@@ -1,0 +1,24 @@
+"""A syncer's address as a learner is given it (`Learner(syncer=...)`, `atoll learner
+--syncer`): `host:port`, or a sharded syncer's `host:port,host:port,...` in shard order."""
+
+from __future__ import annotations
+
+from atoll.errors import ConfigError
+
+
+def check_addresses(syncer: str, setting: str = "syncer") -> list[str]:
+    """Each address of `syncer`, `host:port` with a port in [1, 65535] (an IPv6 host in
+    brackets); a ConfigError naming the value otherwise (an empty one included: a script that
+    read RUN_DIR/syncer.addr before the syncer wrote it)."""
+    out = []
+    for a in str(syncer).split(","):
+        host, _, port = a.strip().rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(
+                setting,
+                syncer,
+                "host:port with a port in [1, 65535], or a sharded syncer's host:port,... in "
+                "shard order (a syncer writes its own to RUN_DIR/syncer.addr once it listens)",
+            )
+        out.append(a.strip())
+    return out
