@@ -19,6 +19,9 @@
 #   RDZV_ENDPOINT      host:port of the island's torchrun c10d rendezvous (with NNODES > 1)
 #   LOCAL_ADDR         this node's address for the island's ranks (with NNODES > 1; default:
 #                      what the node's host name resolves to)
+#   ATOLL_MAX_RESTARTS with NPROC or NNODES > 1: torchrun restarts the ranks in place, and
+#                      `atoll island` restarts torchrun, at most this many times each (default 0:
+#                      the island ends with its first failure, for its scheduler to restart)
 # and the run's settings (deploy/lib.sh): ATOLL_RUN_ID, ATOLL_SECRET_FILE or ATOLL_SECRET,
 # ATOLL_CONFIG, ATOLL_SET, ATOLL, ATOLL_DRY_RUN.
 set -euo pipefail
@@ -47,6 +50,10 @@ positive_int NPROC "$nproc"
 positive_int NNODES "$nnodes"
 if ((nproc > 1 || nnodes > 1)); then
   args+=(--nproc "$nproc")
+  if [[ -n "${ATOLL_MAX_RESTARTS:-}" ]]; then
+    [[ "$ATOLL_MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "ATOLL_MAX_RESTARTS='$ATOLL_MAX_RESTARTS' is not allowed: an integer >= 0"
+    args+=(--max-restarts "$ATOLL_MAX_RESTARTS")
+  fi
 fi
 if ((nnodes > 1)); then
   [[ "${NODE_RANK:-}" =~ ^[0-9]+$ ]] && ((NODE_RANK < nnodes)) ||

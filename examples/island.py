@@ -3,6 +3,7 @@
     atoll syncer --run-dir runs/island --set learners=1          # the built-in model's syncer
     torchrun --standalone --nproc-per-node 2 examples/island.py --syncer 127.0.0.1:PORT
     torchrun --standalone --nproc-per-node 2 examples/island.py --syncer ... --fsdp
+    atoll island -- torchrun --standalone --nproc-per-node 2 --max-restarts 3 examples/island.py ...
 
 Every rank runs this script the same way: it joins the process group (gloo on CPU, NCCL on
 GPUs), builds the model, wraps it (DistributedDataParallel, or FSDP2's `fully_shard` per block
@@ -45,6 +46,7 @@ def main() -> None:
     p.add_argument("--learner-id", default="island-0")
     p.add_argument("--run-id", default="atoll")
     p.add_argument("--secret-file", default=None, help="default: ATOLL_SECRET")
+    p.add_argument("--tls-ca", default=None, help="the PEM certificate that signed the syncer's")
     p.add_argument("--steps", type=int, default=200, help="at most this many steps")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     p.add_argument("--check-heal", action="store_true", help="check the first heal, then go on")
@@ -72,7 +74,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     learner = atoll.Learner(
         model, opt, syncer=args.syncer, learner_id=args.learner_id, run_id=args.run_id,
-        secret_file=args.secret_file,
+        secret_file=args.secret_file, tls_ca=args.tls_ca,
     )  # fmt: skip
     if args.check_heal:  # every rank now holds the syncer's initial model (heals are int8)
         want = dict(new_model(cfg).named_parameters())

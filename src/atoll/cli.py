@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("atoll.plan.cli", "capacity plan: the syncer's shards, cores, RAM and bandwidth"),
     "syncer": ("atoll.live.syncer_cli", "live syncer service (gRPC), durable tape + snapshots"),
     "learner": ("atoll.live.learner_cli", "live learner process training the built-in model"),
+    "island": ("atoll.live.island_cli", "restart an island (-- torchrun ...) when it fails"),
     "run": ("atoll.live.run_cli", "local live run: a syncer, N learners, chaos, summary"),
     "demo": ("atoll.live.demo_cli", "a few-minute live demo: 4 learners, one slow, one killed"),
     "report": ("atoll.report.cli", "one self-contained HTML report (plots) of a run directory"),
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._module.main(args) or 0)
     except (ConfigError, LearnerError) as exc:  # bad input, or a learner that cannot join
         print(f"atoll {args.command}: error: {exc}", file=sys.stderr)
+        from atoll.live.island_cli import note_user_error
+
+        note_user_error(f"atoll {args.command}: {exc}")  # under `atoll island`: no restart
         return 2
     except OSError as exc:
         if exc.filename is None:  # not a path the user gave: a defect, with its traceback

@@ -167,3 +167,139 @@ def test_the_hugging_face_example_trains_in_an_island(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def _descendant_rank(pid: int, rank: int) -> int | None:
+    """The process with RANK=`rank` among `pid`'s descendants (the supervisor's torchrun's
+    ranks)."""
+    for c in _children(pid):
+        found = _rank_pid(c, rank) or _descendant_rank(c, rank)
+        if found:
+            return found
+    return None
+
+
+def _joins(run_dir: Path, lid: str) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    events = read_events(path) if path.exists() else []
+    return [e for e in events if e["kind"] == "joined" and e["data"]["learner"] == lid]
+
+
+def _accepted_since(run_dir: Path, lid: str, t: float) -> int:
+    events = read_events(run_dir / "events.jsonl")
+    return sum(e["kind"] == "accepted" and e["data"]["learner"] == lid and e["t"] > t
+               for e in events)  # fmt: skip
+
+
+def kill_and_rejoin(run_dir: Path, lid: str, supervisors: list, rank: int, timeout: float) -> None:
+    """Once the learner's newest incarnation has contributions merged, SIGKILL rank `rank` of
+    its island (under one of `supervisors`, one per node); then wait until the island has
+    joined again (healed) and been merged."""
+    until = time.time() + timeout
+    alive = lambda: all(s.poll() is None for s in supervisors)  # noqa: E731
+    n = len(_joins(run_dir, lid))
+    while not (n and _accepted_since(run_dir, lid, _joins(run_dir, lid)[-1]["t"]) >= 2):
+        assert alive() and time.time() < until, f"{lid} never trained"
+        time.sleep(0.3)
+        n = len(_joins(run_dir, lid))
+    pid = next(filter(None, (_descendant_rank(s.pid, rank) for s in supervisors)), None)
+    assert pid is not None, f"no rank {rank} under the island's supervisor"
+    os.kill(pid, signal.SIGKILL)
+    t_kill = time.time()
+    while not (len(_joins(run_dir, lid)) > n and _accepted_since(run_dir, lid, t_kill) >= 1):
+        assert alive(), f"the island ended after rank {rank} was killed"
+        assert time.time() < until, f"{lid} did not rejoin after rank {rank} was killed"
+        time.sleep(0.3)
+
+
+def check_nothing_committed_lost(run_dir: Path, lid: str, joins: int) -> None:
+    """The syncer's books and stream: the learner joined `joins` times, each a heal; no round
+    was committed twice or skipped, and the syncer counts no committed round lost."""
+    from collections import Counter
+
+    final = json.loads((run_dir / "syncer_final.json").read_text())
+    events = read_events(run_dir / "events.jsonl")
+    joined = [e["data"] for e in events if e["kind"] == "joined"]
+    assert [j["learner"] for j in joined] == [lid] * joins, joined
+    assert all(j["heal"] for j in joined) and len({j["incarnation"] for j in joined}) == joins
+    closed = [(e["data"]["fragment"], e["data"]["version"]) for e in events
+              if e["kind"] == "round_closed"]  # fmt: skip
+    assert not [fv for fv, n in Counter(closed).items() if n > 1]
+    for p, v in enumerate(final["versions"]):
+        assert {ver for f, ver in closed if f == p} == set(range(1, v + 1)), p
+    assert final["lost_committed_rounds"] == 0 and sum(final["versions"]) == final["rounds"]
+
+
+def test_an_island_under_atoll_island_comes_back_after_a_rank_and_rank_0_are_killed(tmp_path):
+    """The documented restart path, `atoll island -- torchrun --max-restarts 1 script`, on the
+    user-style examples/island.py: rank 1 SIGKILLed, torchrun restarts the ranks in place
+    (its store a new one per round); then rank 0 SIGKILLed, torchrun has no restart left and
+    exits, and the supervisor starts torchrun again. Each time the island heals and trains;
+    it then finishes its steps and the supervisor exits 0."""
+    run_dir = tmp_path / "syncer"
+    argv = ["--set", "learners=1", "--no-budget", "--set", "snapshot_every_s=60", "--view", "off"]
+    proc, addr = syncer_process(run_dir, argv, ENV, ROOT)
+    cmd = [sys.executable, "-m", "atoll.cli", "island", "--backoff", "0.2", "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--max-restarts=1", "examples/island.py", "--syncer", addr, "--run-id", RUN,
+           "--steps", "20"]  # fmt: skip
+    island = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        kill_and_rejoin(run_dir, "island-0", [island], 1, 120)  # in place, by torchrun
+        kill_and_rejoin(run_dir, "island-0", [island], 0, 120)  # torchrun again, by atoll island
+        out = island.communicate(timeout=120)[0]
+        assert island.returncode == 0, out[-3000:]
+        assert "atoll island: exit 1" in out and "restart 1/10" in out, out[-3000:]
+    finally:
+        if island.poll() is None:
+            island.send_signal(signal.SIGTERM)
+            island.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    check_nothing_committed_lost(run_dir, "island-0", joins=3)
+
+
+def test_an_fsdp2_island_over_two_hosts_comes_back_after_a_rank_and_rank_0_are_killed(tmp_path):
+    """The same restart path for an island of two hosts (network namespaces, torchrun's c10d
+    rendezvous on the first, TLS to the syncer on a third) training with FSDP2: each node runs
+    `atoll island -- torchrun --nnodes 2 --max-restarts 1 examples/island.py --fsdp`. A rank
+    killed: the nodes' torchruns restart their ranks and meet in a new rendezvous round (the
+    node whose rank failed spends a restart; the other follows it), or the one without a
+    restart left gives up and `atoll island` starts it again. Rank 1 and then rank 0 are
+    killed; the island heals each time, as one learner, and no committed round is lost."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import hosts
+
+    if why := hosts.unavailable():
+        pytest.skip(f"namespaces as hosts: {why}")
+    settings = {"learners": 1, "steps": 100_000, "snapshot_every_s": 60.0}
+    with hosts.Hosts(tmp_path, learners=2, mbps=50.0, settings=settings, prefix="ami",
+                     subnet="10.86") as h:  # fmt: skip
+        h.start_syncer()
+        h.wait_ready(120)
+        first = h.net.islands[1]
+        nodes = []
+        for node in (0, 1):
+            here = h.net.islands[node + 1]
+            cmd = [sys.executable, "-m", "atoll.cli", "island", "--backoff", "0.5", "--",
+                   sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                   "--nproc-per-node=1", "--max-restarts=1", "--rdzv-backend=c10d",
+                   f"--rdzv-endpoint={first.ns_ip}:29400", "--rdzv-id=fsdp-island",
+                   f"--rdzv-conf=is_host={int(node == 0)}", f"--local-addr={here.ns_ip}",
+                   "examples/island.py", "--syncer", h.address, "--run-id", hosts.RUN_ID,
+                   "--secret-file", str(tmp_path / "secret"), "--tls-ca", h.cert, "--fsdp",
+                   "--steps", "20"]  # fmt: skip
+            env = h._env({"GLOO_SOCKET_IFNAME": here.ns_if})
+            log = open(tmp_path / f"node{node}.log", "w")  # noqa: SIM115 - the process's
+            nodes.append(subprocess.Popen(here.wrap(cmd), cwd=ROOT, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+            h.learner_procs[node] = nodes[-1]  # ended with the hosts, whatever happens
+        kill_and_rejoin(h.run_dir, "island-0", nodes, 1, 150)
+        kill_and_rejoin(h.run_dir, "island-0", nodes, 0, 150)
+        codes = h.wait_learners(150)
+        assert h.stop_syncer() == 0, h.tail("syncer.log")
+    logs = [(tmp_path / f"node{n}.log").read_text()[-2000:] for n in (0, 1)]
+    assert codes == {0: 0, 1: 0}, logs
+    assert hosts.leftovers("ami") == []
+    check_nothing_committed_lost(h.run_dir, "island-0", joins=3)

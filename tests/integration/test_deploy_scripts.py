@@ -155,16 +155,20 @@ def test_k8s_island_pod_runs_a_torchrun_island_with_its_node_rank(tmp_path):
     assert load_job(args.overrides, args.config).sim.learners >= 1
 
 
-def test_sbatch_runs_island_sh_once_per_node_with_slurm_s_node_rank(tmp_path):
-    """The sbatch's body with stand-ins for Slurm's srun (one task per node, SLURM_NODEID set)
-    and scontrol (the node list)."""
+def run_sbatch(tmp_path: Path, exits: str = "", **extra: str) -> subprocess.CompletedProcess:
+    """The sbatch's body with stand-ins for Slurm's srun (one task per node, SLURM_NODEID set;
+    its n-th call exits with the n-th code in `exits`, after the tasks ran: 0 past the list;
+    each call is appended to calls.log) and scontrol (the node list)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'gpu-a\\ngpu-b\\n'\n")
     (bin_dir / "srun").write_text(
-        "#!/usr/bin/env bash\nwhile [[ $1 == --* ]]; do shift; done\n"
+        '#!/usr/bin/env bash\necho "$*" >> "$TASK_OUT/calls.log"\n'
+        "while [[ $1 == --* ]]; do shift; done\n"
         "for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do\n"
         '  SLURM_NODEID=$i "$@" > "$TASK_OUT/task-$i" || exit $?\ndone\n'
+        'codes=($EXITS); n=$(wc -l < "$TASK_OUT/calls.log")\n'
+        "exit ${codes[n - 1]:-0}\n"
     )
     for f in bin_dir.iterdir():
         f.chmod(0o755)
@@ -174,16 +178,44 @@ def test_sbatch_runs_island_sh_once_per_node_with_slurm_s_node_rank(tmp_path):
         "PATH": f"{bin_dir}:{os.environ['PATH']}", "ATOLL_DRY_RUN": "1", "TASK_OUT": str(tmp_path),
         "SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8",
         "SLURM_SUBMIT_DIR": str(ROOT), "ATOLL_ISLAND": "3", "ATOLL_SYNCER": "syncer.example:7070",
-        "ATOLL_RUN_ID": "run1", "ATOLL_SECRET_FILE": str(secret),
+        "ATOLL_RUN_ID": "run1", "ATOLL_SECRET_FILE": str(secret), "EXITS": exits, **extra,
     }  # fmt: skip
-    p = subprocess.run(["bash", str(DEPLOY / "slurm/island.sbatch")], env=env,
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(["bash", str(DEPLOY / "slurm/island.sbatch")], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_sbatch_runs_island_sh_once_per_node_with_slurm_s_node_rank(tmp_path):
+    p = run_sbatch(tmp_path)
     assert p.returncode == 0, p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert len(calls) == 1 and calls[0].startswith("--kill-on-bad-exit=1 "), calls
     for rank in (0, 1):
         argv = (tmp_path / f"task-{rank}").read_text().rstrip("\0").split("\0")
         assert [flag_value(argv, f) for f in ISLAND_FLAGS] == ["8", "2", str(rank), "gpu-a:29400"]
         args = parse(argv)
         assert (args.syncer, args.index, args.run_id) == ("syncer.example:7070", 3, "run1")
+        assert args.max_restarts == 3  # torchrun in place, then `atoll island`, on each node
+
+
+@pytest.mark.parametrize(
+    ("exits", "restarts", "calls", "rc"),
+    [
+        ("1 137 0", "10", 3, 0),  # a failed island runs again until it ends well
+        ("1 2", "10", 2, 2),  # a bad setting (exit 2) is not restarted
+        ("1 1 1", "1", 2, 1),  # ATOLL_RESTARTS restarts at most
+    ],
+)
+def test_sbatch_starts_the_whole_island_again_when_srun_fails(tmp_path, exits, restarts, calls, rc):
+    p = run_sbatch(tmp_path, exits, ATOLL_RESTARTS=restarts, ATOLL_BACKOFF="0")
+    assert p.returncode == rc, p.stderr
+    assert len((tmp_path / "calls.log").read_text().splitlines()) == calls
+    assert p.stderr.count("island.sbatch: srun exited") == calls - 1, p.stderr
+
+
+def test_sbatch_refuses_a_bad_restart_count_with_one_line(tmp_path):
+    p = run_sbatch(tmp_path, ATOLL_RESTARTS="many")
+    assert p.returncode == 2 and not (tmp_path / "calls.log").exists()
+    assert p.stderr == "island.sbatch: ATOLL_RESTARTS='many' is not allowed: an integer >= 0\n"
 
 
 def test_the_namespace_harness_runs_the_same_commands_as_the_k8s_containers(tmp_path):
@@ -240,6 +272,7 @@ def test_a_missing_setting_stops_the_script_with_one_line_naming_it(script, drop
         ({"NNODES": "2", "NODE_RANK": "2", "RDZV_ENDPOINT": "a:1"}, "NODE_RANK='2'"),
         ({"NNODES": "2", "NODE_RANK": "0"}, "RDZV_ENDPOINT='' is not allowed"),
         ({"ATOLL_SET": "steps"}, "ATOLL_SET entry 'steps' is not allowed: key=value"),
+        ({"NPROC": "2", "ATOLL_MAX_RESTARTS": "-1"}, "ATOLL_MAX_RESTARTS='-1' is not allowed"),
     ],
 )
 def test_bad_island_variables_stop_with_one_line(extra, says):

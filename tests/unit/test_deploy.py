@@ -250,6 +250,7 @@ def test_sbatch_runs_island_sh_on_every_node_with_the_island_variables():
     assert "export NNODES=$SLURM_JOB_NUM_NODES" in text
     for var in ("NPROC", "RDZV_ENDPOINT"):
         assert re.search(rf"^export {var}=", text, re.M), var
-    (srun,) = [x for x in text.splitlines() if x.startswith("srun ")]
-    assert "NODE_RANK=$SLURM_NODEID" in srun and srun.endswith('"$deploy/island.sh"')
+    (srun,) = [x.strip() for x in text.splitlines() if x.strip().startswith("srun ")]
+    assert "NODE_RANK=$SLURM_NODEID" in srun and srun.startswith("srun --kill-on-bad-exit=1 ")
+    assert srun.endswith('"$deploy/island.sh" || rc=$?')  # its exit decides a restart
     assert {"NNODES", "NPROC", "NODE_RANK", "RDZV_ENDPOINT"} <= script_vars("island.sh")

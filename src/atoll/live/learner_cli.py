@@ -63,13 +63,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "host name resolves to)",
     )
     isl.add_argument(
-        "--max-restarts", type=int, default=0, help="torchrun restarts the island's ranks"
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="torchrun restarts the island's ranks in place, and `atoll island` restarts "
+        "torchrun itself, at most this many times each",
     )
 
 
-def _torchrun(args: argparse.Namespace, nproc: int, learner_id: str) -> None:
+def _torchrun(args: argparse.Namespace, nproc: int, learner_id: str) -> int:
     """Run this same command as an island: torchrun, which starts `nproc` ranks of it here
-    (each finds itself under torchrun and trains). Replaces this process (same pid)."""
+    (each finds itself under torchrun and trains). Without restarts it replaces this process
+    (same pid); with `--max-restarts` it runs under the island's supervisor (`atoll island`),
+    and its exit code is returned."""
+    from atoll.live.island_cli import island_env, supervise
+
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise ConfigError("--rdzv-endpoint", "''", "host:port of the rendezvous when --nnodes > 1")
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
@@ -85,8 +93,14 @@ def _torchrun(args: argparse.Namespace, nproc: int, learner_id: str) -> None:
         argv += ["--standalone"]
     sys.stdout.flush()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # a store per rendezvous round: torchrun's restarts in place do not hang (island_cli)
+    os.environ.update(island_env({}))
     # after "--": torchrun's parser would otherwise read this command's options as its own
-    os.execv(sys.executable, [*argv, "-m", "atoll.cli", "--", *args._argv])
+    command = [*argv, "-m", "atoll.cli", "--", *args._argv]
+    if args.max_restarts > 0:
+        return supervise(command, args.max_restarts)
+    os.execv(sys.executable, command)
+    return 1  # not reached
 
 
 def _join_island(nproc: int, nnodes: int) -> int:
@@ -158,7 +172,11 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("batch", scfg.batch, f"a multiple of the island's {ranks} ranks")
     under_torchrun = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
     if nproc * args.nnodes > 1 and not under_torchrun:
-        _torchrun(args, nproc, lid)  # does not return
+        return _torchrun(args, nproc, lid)
+    if under_torchrun:  # a restarted island resumes the schedule and draws other batches
+        from atoll.live.island_cli import restarts_so_far
+
+        args.restart += restarts_so_far()
     rank = _join_island(nproc, args.nnodes) if under_torchrun else 0
     slowdown = scfg.speed_factors()[args.index]
     stop = {"now": False}

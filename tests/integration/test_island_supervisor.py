@@ -1,0 +1,99 @@
+"""`atoll island -- CMD`: the island's supervisor, on small shell commands in place of torchrun.
+It restarts a failed command with backoff and with torchrun's store made per rendezvous round,
+stops on success and on user errors, and forwards SIGTERM to the command's process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def island(*args: str, **kw) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "atoll.cli", "island", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)  # fmt: skip
+
+
+def test_a_failing_command_runs_again_with_backoff_until_it_succeeds(tmp_path):
+    """Each start sees the store opt-out and its restart count; the third start succeeds."""
+    script = ('echo "$ATOLL_ISLAND_RESTART $TORCH_DISABLE_SHARE_RDZV_TCP_STORE $(date +%s.%N)"; '
+              '[ "$ATOLL_ISLAND_RESTART" = 2 ] || exit 1')  # fmt: skip
+    p = island("--backoff", "0.3", "--", "sh", "-c", script)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    runs = [line.split() for line in out.splitlines()]
+    assert [r[:2] for r in runs] == [["0", "1"], ["1", "1"], ["2", "1"]], out
+    gaps = [float(b[2]) - float(a[2]) for a, b in zip(runs, runs[1:])]
+    assert gaps[0] >= 0.3 and gaps[1] >= 0.6, gaps  # 0.3 s, then doubled
+    assert err.count("atoll island: exit 1 after") == 2 and "restart 2/10 in 0.6 s" in err, err
+
+
+def test_it_gives_up_after_max_restarts_with_the_command_s_exit_code():
+    p = island("--max-restarts", "2", "--backoff", "0", "--", "sh", "-c", "echo run; exit 7")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7 and out.count("run") == 3, (out, err)
+    assert err.splitlines()[-1] == "atoll island: exit 7; 2 restarts done, giving up"
+
+
+def test_a_user_error_is_not_restarted():
+    """Exit 2, or a bad setting the atoll CLI reports (under torchrun, whose own exit is 1,
+    it writes the line to ATOLL_ISLAND_STOP)."""
+    p = island("--backoff", "0", "--", "sh", "-c", "echo run; exit 2")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and out.count("run") == 1, (out, err)
+    bad = f"{sys.executable} -m atoll.cli island --max-restarts -1 -- true; exit 1"
+    p = island("--backoff", "0", "--", "sh", "-c", bad)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and err.count("--max-restarts=-1 is not allowed") == 2, err
+    assert "atoll island: not restarted: a user error (atoll island: --max-restarts=-1" in err
+
+
+def test_sigterm_reaches_the_whole_process_group_and_ends_the_supervisor(tmp_path):
+    """The command's child (as torchrun's ranks are) gets the SIGTERM too; no restart."""
+    marks = tmp_path / "marks"
+    child = f"trap 'echo child >> {marks}; exit 0' TERM; while :; do sleep 0.05; done"
+    script = f"trap 'echo parent >> {marks}; wait; exit 143' TERM; sh -c \"{child}\" & wait"
+    p = island("--backoff", "0", "--", "sh", "-c", script)
+    until = time.time() + 30
+    while not _has_grandchild(p.pid):
+        assert time.time() < until and p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 143, err
+    assert sorted(marks.read_text().split()) == ["child", "parent"]
+    assert "restart" not in err, err
+
+
+def _has_grandchild(pid: int) -> bool:
+    def children(q: int) -> list[int]:
+        try:
+            return [int(c) for c in Path(f"/proc/{q}/task/{q}/children").read_text().split()]
+        except OSError:
+            return []
+
+    return any(children(c) for c in children(pid))
+
+
+def test_bad_arguments_are_one_line():
+    for args, says in [
+        ((), "command='' is not allowed: a command after `--`"),
+        (("--max-restarts", "-1", "--", "true"), "--max-restarts=-1 is not allowed"),
+        (("--", "/no/such/command"), "command='/no/such/command' is not allowed"),
+    ]:
+        p = island(*args)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 2 and err.count("\n") == 1 and says in err, (args, err)
+        assert err.startswith("atoll island: error: "), err
+
+
+def test_the_environment_of_the_command_is_kept(tmp_path):
+    env = {**os.environ, "MY_SETTING": "kept"}
+    p = island("--", "sh", "-c", "echo $MY_SETTING", env=env)
+    assert p.communicate(timeout=60)[0].strip() == "kept"
