@@ -128,7 +128,7 @@ class Learner:
         `switch_interval_s`: with comm threads, `sys.setswitchinterval` for the whole process
         (Python's 5 ms can delay the training thread after each torch op; `atoll learner`
         uses 2e-4). None (default): the interpreter is left alone."""
-        check_addresses(syncer)
+        syncer = ",".join(check_addresses(syncer))
         self.island = Island.of(group)
         if self.island is not None:  # its talking rank (the other ranks: IslandMember)
             model = unwrap(model)

@@ -82,8 +82,11 @@ def first_heal(learner: Any, timeout: float) -> None:
     welcomes = learner._welcomes
     retry: JoinRetry | None = None  # the newest attempt that found no syncer, since a Welcome
     said: float | None = None  # when an attempt was last said (monotonic)
+    heard = False  # anything from the communication side
     while time.time() < deadline:
-        match learner.port.get(0.2):
+        item = learner.port.get(0.2)
+        heard = heard or item is not None
+        match item:
             case Welcomed(data):
                 retry = None
                 w, _ = welcomes.take(data)
@@ -114,11 +117,12 @@ def first_heal(learner: Any, timeout: float) -> None:
             f"within the join timeout of {timeout:g} s ({retry.attempts} attempts); start the "
             "syncer first, or give its address (host:port)"
         )
-    what = "no heal from" if welcomes.plan is not None else "no answer yet from"
-    raise JoinTimeoutError(
-        f"learner {learner.id}: {what} the syncer at {learner.address} within the join timeout "
-        f"of {timeout:g} s"
-    )
+    what = "no heal from" if welcomes.plan is not None else "no answer from"
+    msg = f"learner {learner.id}: {what} the syncer at {learner.address} within the join "
+    msg += f"timeout of {timeout:g} s"
+    if not heard:  # not even from the communication side: a child process still starting
+        msg += " (nor from its communication side, slow to start on a busy host: a longer one?)"
+    raise JoinTimeoutError(msg)
 
 
 def make_protocol(learner: Any, welcome: pb.Welcome, plan: FragmentPlan) -> None:
