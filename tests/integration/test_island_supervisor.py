@@ -81,16 +81,37 @@ def _has_grandchild(pid: int) -> bool:
     return any(children(c) for c in children(pid))
 
 
+STATIC = "python -m torch.distributed.run --rdzv_backend=static --max_restarts=1 x.py"
+
+
 def test_bad_arguments_are_one_line():
     for args, says in [
         ((), "command='' is not allowed: a command after `--`"),
         (("--max-restarts", "-1", "--", "true"), "--max-restarts=-1 is not allowed"),
         (("--", "/no/such/command"), "command='/no/such/command' is not allowed"),
+        # torchrun's static rendezvous (no --standalone, no --rdzv-backend) cannot restart
+        (
+            ("--", "torchrun", "--nproc-per-node=2", "--max-restarts", "3", "train.py"),
+            "torchrun --max-restarts='3' is not allowed: 0 with torchrun's static rendezvous",
+        ),
+        (("--", *STATIC.split()), "torchrun --max-restarts='1' is not allowed"),
     ]:
         p = island(*args)
         out, err = p.communicate(timeout=60)
         assert p.returncode == 2 and err.count("\n") == 1 and says in err, (args, err)
         assert err.startswith("atoll island: error: "), err
+
+
+def test_torchrun_restarts_with_their_own_store_per_round_are_allowed():
+    from atoll.live.island_cli import check_torchrun
+
+    for cmd in (
+        ["torchrun", "--standalone", "--nproc-per-node=2", "--max-restarts=3", "train.py"],
+        ["torchrun", "--rdzv-backend", "c10d", "--max-restarts", "3", "train.py"],
+        ["torchrun", "--max-restarts=0", "train.py", "--max-restarts", "5"],  # the script's
+        ["python", "-m", "torch.distributed.run", "-m", "atoll.cli", "--max-restarts", "1"],
+    ):
+        check_torchrun(cmd)
 
 
 def test_the_environment_of_the_command_is_kept(tmp_path):
