@@ -56,12 +56,13 @@ def test_a_user_error_is_not_restarted():
 
 def test_sigterm_reaches_the_whole_process_group_and_ends_the_supervisor(tmp_path):
     """The command's child (as torchrun's ranks are) gets the SIGTERM too; no restart."""
-    marks = tmp_path / "marks"
-    child = f"trap 'echo child >> {marks}; exit 0' TERM; while :; do sleep 0.05; done"
+    marks, ready = tmp_path / "marks", tmp_path / "ready"
+    child = (f"trap 'echo child >> {marks}; exit 0' TERM; touch {ready}; "
+             "while :; do sleep 0.05; done")  # fmt: skip
     script = f"trap 'echo parent >> {marks}; wait; exit 143' TERM; sh -c \"{child}\" & wait"
     p = island("--backoff", "0", "--", "sh", "-c", script)
     until = time.time() + 30
-    while not _has_grandchild(p.pid):
+    while not ready.exists():  # both traps are set
         assert time.time() < until and p.poll() is None, p.communicate()
         time.sleep(0.05)
     p.send_signal(signal.SIGTERM)
@@ -69,16 +70,6 @@ def test_sigterm_reaches_the_whole_process_group_and_ends_the_supervisor(tmp_pat
     assert p.returncode == 143, err
     assert sorted(marks.read_text().split()) == ["child", "parent"]
     assert "restart" not in err, err
-
-
-def _has_grandchild(pid: int) -> bool:
-    def children(q: int) -> list[int]:
-        try:
-            return [int(c) for c in Path(f"/proc/{q}/task/{q}/children").read_text().split()]
-        except OSError:
-            return []
-
-    return any(children(c) for c in children(pid))
 
 
 STATIC = "python -m torch.distributed.run --rdzv_backend=static --max_restarts=1 x.py"
