@@ -292,8 +292,9 @@ def test_an_fsdp2_island_over_two_hosts_comes_back_after_a_rank_and_rank_0_are_k
                    "--steps", "20"]  # fmt: skip
             env = h._env({"GLOO_SOCKET_IFNAME": here.ns_if})
             log = open(tmp_path / f"node{node}.log", "w")  # noqa: SIM115 - the process's
-            nodes.append(subprocess.Popen(here.wrap(cmd), cwd=ROOT, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+            out = {"stdout": log, "stderr": subprocess.STDOUT}
+            nodes.append(subprocess.Popen(here.wrap(cmd), cwd=ROOT, env=env, **out,
+                                          start_new_session=True))  # fmt: skip
             h.learner_procs[node] = nodes[-1]  # ended with the hosts, whatever happens
         kill_and_rejoin(h.run_dir, "island-0", nodes, 1, 150)
         kill_and_rejoin(h.run_dir, "island-0", nodes, 0, 150)

@@ -56,12 +56,13 @@ def test_a_user_error_is_not_restarted():
 
 def test_sigterm_reaches_the_whole_process_group_and_ends_the_supervisor(tmp_path):
     """The command's child (as torchrun's ranks are) gets the SIGTERM too; no restart."""
-    marks = tmp_path / "marks"
-    child = f"trap 'echo child >> {marks}; exit 0' TERM; while :; do sleep 0.05; done"
+    marks, ready = tmp_path / "marks", tmp_path / "ready"
+    child = (f"trap 'echo child >> {marks}; exit 0' TERM; touch {ready}; "
+             "while :; do sleep 0.05; done")  # fmt: skip
     script = f"trap 'echo parent >> {marks}; wait; exit 143' TERM; sh -c \"{child}\" & wait"
     p = island("--backoff", "0", "--", "sh", "-c", script)
     until = time.time() + 30
-    while not _has_grandchild(p.pid):
+    while not ready.exists():  # both traps are set
         assert time.time() < until and p.poll() is None, p.communicate()
         time.sleep(0.05)
     p.send_signal(signal.SIGTERM)
@@ -71,14 +72,7 @@ def test_sigterm_reaches_the_whole_process_group_and_ends_the_supervisor(tmp_pat
     assert "restart" not in err, err
 
 
-def _has_grandchild(pid: int) -> bool:
-    def children(q: int) -> list[int]:
-        try:
-            return [int(c) for c in Path(f"/proc/{q}/task/{q}/children").read_text().split()]
-        except OSError:
-            return []
-
-    return any(children(c) for c in children(pid))
+STATIC = "python -m torch.distributed.run --rdzv_backend=static --max_restarts=1 x.py"
 
 
 def test_bad_arguments_are_one_line():
@@ -86,11 +80,29 @@ def test_bad_arguments_are_one_line():
         ((), "command='' is not allowed: a command after `--`"),
         (("--max-restarts", "-1", "--", "true"), "--max-restarts=-1 is not allowed"),
         (("--", "/no/such/command"), "command='/no/such/command' is not allowed"),
+        # torchrun's static rendezvous (no --standalone, no --rdzv-backend) cannot restart
+        (
+            ("--", "torchrun", "--nproc-per-node=2", "--max-restarts", "3", "train.py"),
+            "torchrun --max-restarts='3' is not allowed: 0 with torchrun's static rendezvous",
+        ),
+        (("--", *STATIC.split()), "torchrun --max-restarts='1' is not allowed"),
     ]:
         p = island(*args)
         out, err = p.communicate(timeout=60)
         assert p.returncode == 2 and err.count("\n") == 1 and says in err, (args, err)
         assert err.startswith("atoll island: error: "), err
+
+
+def test_torchrun_restarts_with_their_own_store_per_round_are_allowed():
+    from atoll.live.island_cli import check_torchrun
+
+    for cmd in (
+        ["torchrun", "--standalone", "--nproc-per-node=2", "--max-restarts=3", "train.py"],
+        ["torchrun", "--rdzv-backend", "c10d", "--max-restarts", "3", "train.py"],
+        ["torchrun", "--max-restarts=0", "train.py", "--max-restarts", "5"],  # the script's
+        ["python", "-m", "torch.distributed.run", "-m", "atoll.cli", "--max-restarts", "1"],
+    ):
+        check_torchrun(cmd)
 
 
 def test_the_environment_of_the_command_is_kept(tmp_path):

@@ -62,6 +62,37 @@ def island_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if env is None else env), SHARED_STORE_ENV: "1"}
 
 
+def check_torchrun(command: Sequence[str]) -> None:
+    """A torchrun whose restarts in place cannot work stops here: its static rendezvous
+    (torchrun's default without --standalone or --rdzv-backend) keeps one store at
+    --master-port for every restart, with or without the opt-out, so a restarted rank can hang
+    in init_process_group for the group's timeout, unseen by this supervisor."""
+    words = list(command)
+    at = next((i for i, w in enumerate(words) if Path(w).name == "torchrun"), None)
+    if at is None and "torch.distributed.run" in words:
+        at = words.index("torch.distributed.run")
+    if at is None:
+        return
+    opts: dict[str, str] = {}
+    rest = iter(words[at + 1 :])
+    for w in rest:
+        if w in ("-m", "--module", "--", "--no-python", "--no_python") or w.endswith(".py"):
+            break  # the script and its own arguments
+        if w.startswith("--"):
+            key, eq, value = w[2:].replace("_", "-").partition("=")
+            opts[key] = value if eq else ("" if key == "standalone" else next(rest, ""))
+    restarts = opts.get("max-restarts", "0")
+    static = "standalone" not in opts and opts.get("rdzv-backend", "static") == "static"
+    if static and restarts not in ("", "0"):
+        raise ConfigError(
+            "torchrun --max-restarts",
+            restarts,
+            "0 with torchrun's static rendezvous (its store keeps the dead ranks' addresses "
+            "and a restarted rank can hang): add --standalone or --rdzv-backend c10d, or "
+            "leave the restarts to atoll island",
+        )
+
+
 def note_user_error(line: str) -> None:
     """Under the supervisor: this island stops for good (a bad setting, not a failure)."""
     path = os.environ.get(STOP_ENV)
@@ -89,6 +120,7 @@ class Supervisor:
             raise ConfigError("--max-restarts", max_restarts, "an integer >= 0")
         if not backoff_s >= 0:
             raise ConfigError("--backoff", backoff_s, "seconds >= 0")
+        check_torchrun(command)
         self.command = list(command)
         self.max_restarts = max_restarts
         self.backoff_s = backoff_s

@@ -30,9 +30,11 @@ rank raises). Replicated parameters (DDP) are equal on every rank after each opt
 so reading them needs no command: the talking rank reads its own.
 
 A rank that dies takes the island down: the next collective fails on every other rank, each
-process exits, and torchrun's elastic restart (`--max-restarts`) or atoll's supervisor starts
-the island again; it rejoins as one learner, as any failed learner does (a new incarnation of
-the same learner id, healed from the syncer).
+process exits, and torchrun's restart in place (`--max-restarts`, with a store per rendezvous
+round: `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, which `atoll island` sets) or `atoll island`
+(torchrun itself, atoll.live.island_cli) starts the island again; it rejoins as one learner,
+as any failed learner does (a new incarnation of the same learner id, healed from the
+syncer).
 """
 
 from __future__ import annotations
