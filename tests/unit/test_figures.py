@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from atoll.core.events import Accepted, Event, Joined, RoundClosed, Step
+from atoll.core.events import Accepted, Evaluated, Event, Joined, RoundClosed, Step
 from atoll.live.syncer.chart_history import (
     MAX_POINTS,
     ChartHistory,
     TokenRates,
     combine_history,
+    replayed,
 )
 from atoll.metrics import Figures, combine_figures, figures
 
@@ -85,3 +86,16 @@ def test_tokens_per_second_over_the_reports_of_the_last_seconds():
     assert r.rate("L0/a", 142.0, 8000) == pytest.approx(2000 / 11)  # the gap fell out
     r.keep(set())
     assert r.seen == {}
+
+
+def test_a_restarted_syncer_replays_its_charts_from_the_stream():
+    events = _stream()
+    pts = replayed(events, learners=2).series()
+    assert pts == [{"t": 16.0, "tokens": 350, "rounds": 1,
+                    "goodput": pytest.approx(8.0 / 12.0), "useful_s": 8.0}]  # fmt: skip
+    # learners logging elsewhere: the tokens of the latest evaluation
+    alone = [e for e in events if e.kind != "step"]
+    alone.insert(
+        2, Event(13.9, "syncer", Evaluated(tokens=300, rounds=0, eval_loss=3.0, eval_s=0.1))
+    )
+    assert replayed(alone, learners=2).series()[0]["tokens"] == 300
