@@ -9,7 +9,7 @@ all, and `wandb sync` uploads it later. A sink that fails once started is said o
 stderr, and dropped: the run goes on without it (`feed`, `close_all`).
 
 A sink takes the run's figures as the live view computes them (atoll.live.view.RunState:
-tokens, rounds, learners per round, goodput so far, bytes on the wire and data-parallel's
+tokens, rounds, learners per round, goodput (metrics.Figures), bytes on the wire and data-parallel's
 bytes for the same tokens, each learner's tokens/s), keyed by the run's tokens, and the eval
 loss (the summary's; `atoll sim`: every eval point of the run's curve).
 """

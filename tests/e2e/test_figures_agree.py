@@ -117,6 +117,10 @@ def test_every_surface_shows_the_same_figures_at_the_end(tmp_path, shards):
     assert float(view["mb"]) == pytest.approx(received / 1e6, abs=0.006)
     assert state.fig.received_bytes == received  # the stream's accepted contributions
 
+    # the learners' normal ends are listed as such (each shard saw them leave), nothing lost
+    ends = {(x["kind"], x["learner"]) for x in status["marks"] if x["kind"] != "joined"}
+    assert ends == {("finished", "L0"), ("finished", "L1")}, status["marks"]
+
     g = status["goodput"]
     assert 0 < g <= 1
     for other in (m["atoll_syncer_goodput_ratio"], summary["goodput"], final["goodput"],

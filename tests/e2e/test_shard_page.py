@@ -113,7 +113,10 @@ def test_the_set_page_sums_its_shards_shows_a_killed_one_down_and_ends_as_its_bo
         assert st["shards"][0]["up"] and st["shards"][1]["rounds"] > 0  # its last figures
         assert st["rounds"] == sum(r["rounds"] for r in st["shards"])
         assert "shardSet" in page and took < 3.0
-        _until(lambda: _status(http)["shards"][1]["up"], "shard 1 back", 60)
+        back = _until(lambda: (s := _status(http))["shards"][1]["up"] and s, "shard 1 back", 60)
+        # listed by kind: the shard down, then restored
+        kinds = [m["kind"] for m in back["marks"] if m.get("shard") == 1 and not m["learner"]]
+        assert kinds[-2:] == ["shard down", "shard restored"], back["marks"]
 
         for p in learners:
             assert p.wait(150) == 0, (tmp_path / "L0.log").read_text()[-3000:]

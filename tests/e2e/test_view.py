@@ -3,6 +3,7 @@ learner; plain progress lines when stdout is a pipe."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -60,3 +61,9 @@ def test_plain_lines_when_stdout_is_a_pipe(tmp_path):
     assert lines, res.stdout[-3000:]
     assert re.search(r"rounds \d+ .*goodput", lines[-1]) and "\x1b[" not in res.stdout
     assert re.search(r"eval \d+\.\d{4} at [\d,]+ tokens", lines[-1]), lines[-1]
+    # the last line is the run's figures, as its summary has them (metrics.Figures)
+    (path,) = (tmp_path / "r").rglob("summary.json")
+    s = json.loads(path.read_text())
+    got = re.search(r"tokens ([\d,]+)/.* rounds (\d+) .*goodput ([\d.]+)%", lines[-1])
+    assert got and int(got[1].replace(",", "")) == s["tokens"], (lines[-1], s["tokens"])
+    assert int(got[2]) == s["rounds"] and abs(float(got[3]) - 100 * s["goodput"]) <= 0.1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from atoll.core.events import Evaluated, Event, RoundClosed
 from atoll.metrics import Figures, goodput_of
 
 MAX_POINTS = 2000
@@ -33,6 +34,21 @@ class ChartHistory:
 
     def series(self) -> list[dict[str, Any]]:
         return list(self.points)
+
+
+def replayed(events: list[Event], learners: int) -> ChartHistory:
+    """The points of a run's stream so far, for a restarted syncer (its charts keep the run
+    before the restart): at each round closed, the fold's figures then; tokens where the
+    stream holds the learners' step reports, else the latest evaluation's."""
+    h, f, evaluated = ChartHistory(), Figures(learners), 0
+    for e in events:
+        f.feed(e)
+        if isinstance(e.data, Evaluated):
+            evaluated = e.data.tokens
+        elif isinstance(e.data, RoundClosed):
+            f.heard_tokens = None if f.tokens else evaluated
+            h.add(e.t, f)
+    return h
 
 
 def combine_history(

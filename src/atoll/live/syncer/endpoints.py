@@ -48,7 +48,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from atoll import metrics
 from atoll.core.events import Evaluated, Event, Joined, Lost, Refused, RoundClosed
-from atoll.live.syncer.chart_history import ChartHistory, TokenRates
+from atoll.live.syncer.chart_history import ChartHistory, TokenRates, replayed
 from atoll.live.syncer.page import PAGE
 from atoll.sim.world import ring_allreduce_bytes
 from atoll.threads import guarded
@@ -93,9 +93,24 @@ class SyncerMetrics:
         self.rates = TokenRates()
         self.model_bytes = rt.plan.nbytes_fp32()
         self._joined: set[str] = set()
+        if rt.restored.found and rt.opts.shard.count == 1:  # (a set's shards share one log)
+            self._replay()
         if rt.restored.found:
             self.marks.append({"t": time.time(), "kind": "restored", "learner": "syncer"})
         rt.observers.append(self.observe)
+
+    def _replay(self) -> None:
+        """A restarted syncer: the charts, marks and evaluations of the run before its restart,
+        from the run's event log (the refusals by reason count this process's only)."""
+        from atoll.eventlog import load_events
+
+        if self.rt.events.path is None:
+            return
+        events = load_events(self.rt.events.path)
+        self.history = replayed(events, max(self.rt.opts.expect_learners, 1))
+        for e in events:
+            if isinstance(e.data, Evaluated | Lost | Joined):
+                self.observe(e)
 
     def figures(self) -> metrics.Figures:
         """The run's figures (lock held)."""
