@@ -92,14 +92,14 @@ def test_every_surface_shows_the_same_figures_at_the_end(tmp_path, shards):
     view = lines[-1]  # the last plain line: the figures at the end
     report = read_run(tmp_path)
     events = load_events(tmp_path / "events.jsonl")
-    state = RunState(job.sim.learners, job.sim.token_budget())  # what the sinks are given
+    state = RunState(job.sim.learners, job.sim.budget_tokens())  # what the sinks are given
     for e in events:
         state.feed(e)
     state.heard([], time.time(), 1.0, status["tokens"])
     sink = scalars(state, time.time())
 
     tokens = status["tokens"]
-    assert tokens >= job.sim.token_budget() and tokens == summary["tokens"]
+    assert tokens >= job.sim.budget_tokens() and tokens == summary["tokens"]
     assert int(view["tokens"].replace(",", "")) == m["atoll_syncer_tokens_total"] == tokens
     assert sum(final["tokens"].values()) == sink["run/tokens"] == tokens
     assert report.header["tokens"].startswith(f"{tokens:,} of")

@@ -61,7 +61,7 @@ def _check_results(run_dir: Path, out: str) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     keys = summarize(run_dir, job.sim, job.live, 0.0, 1.0).keys()  # `atoll run`'s summary
     assert summary.keys() == keys
-    assert summary["tokens"] >= summary["token_budget"] == job.sim.token_budget()
+    assert summary["tokens"] >= summary["token_budget"] == job.sim.budget_tokens()
     assert summary["rounds"] > 0 and summary["rejoin_times_s"] == []
     assert math.isfinite(summary["eval_loss"])  # the built-in model's final model, evaluated
     final = json.loads((run_dir / "syncer_final.json").read_text())

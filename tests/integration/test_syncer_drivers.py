@@ -51,7 +51,7 @@ def _script(plan) -> list[tuple]:
         contrib("L0", 2, 4, 0, 70, 1),  # fragment 2 merges [L0, L1]
         contrib("L1", 0, 2, 1, 20, 1),  # base version 1 of fragment 0: staleness 0
         contrib("L0", 0, 5, 0, 20, 1),  # base 0, one merge behind: staleness 1
-        ("tokens", "L0", (CFG.token_budget(),)),  # the budget spent: not over, both live
+        ("tokens", "L0", (CFG.budget_tokens(),)),  # the budget spent: not over, both live
         ("leave", "L0", ()),  # each learner ends its session after its final flush ...
         ("leave", "L1", ()),  # ... and once the last has left, the run is over
     ]
@@ -137,7 +137,7 @@ def _wait(cond, what: str, timeout: float = 20.0) -> None:
 
 def run_live(script, plan, init, tmp_path) -> tuple[dict, list]:
     opts = SyncerOptions(tmp_path, "run", "secret-123", lost_after_s=60.0, snapshot_every_s=600.0,
-                         token_budget=CFG.token_budget())  # fmt: skip
+                         token_budget=CFG.budget_tokens())  # fmt: skip
     cfg = CFG
     service = SyncerService(plan, init, cfg.syncer_config(), cfg.learner_config(), opts)
     port = service.start()

@@ -17,7 +17,7 @@ from atoll.core.budget import RunEnd, TokenBudget
 def run_end(cfg: SimConfig) -> RunEnd:
     """The syncer's token budget and run end (core/budget.py): in virtual time every learner
     hears the stop at once (no heartbeat period: `after_s` 0)."""
-    return RunEnd(TokenBudget(cfg.token_budget()))
+    return RunEnd(TokenBudget(cfg.budget_tokens()))
 
 
 class StepClock:
