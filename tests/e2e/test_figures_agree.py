@@ -4,9 +4,8 @@ syncer_final.json, the report's data and the figures the TensorBoard/W&B sinks a
 agree on tokens, rounds and bytes, and on goodput within 0.1 point (metrics.Figures is the one
 fold they read; docs/live.md "One set of figures").
 
-The HTTP surfaces are read once the learners have trained to the budget and left, before the
-syncer is stopped; summary.json is written from the run directory by `summarize`, as a syncer
-that ends by itself writes it."""
+The syncer serves on after its run is over (`--serve-after-budget`), so that the HTTP surfaces
+are read once it has written summary.json and the report: the run has ended."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.config import load_job
 from atoll.eventlog import load_events
-from atoll.live.summary import summarize
 from atoll.live.view import RunState
 from atoll.report.data import goodput_series, read_run
 from atoll.sinks import scalars
@@ -57,16 +55,19 @@ def _run(run_dir: Path, extra: list[str]) -> tuple[dict, dict, str]:
     """A syncer (`extra`: its own flags) and two learners to the budget: (/status.json, the
     set's or syncer's own /metrics samples without a shard label, the syncer's output)."""
     http = _free_port()
-    proc, addr = syncer_process(run_dir, ["--http-port", str(http), *SETS, *extra], ENV, ROOT)
+    flags = ["--http-port", str(http), "--serve-after-budget", *SETS, *extra]
+    proc, addr = syncer_process(run_dir, flags, ENV, ROOT)
     learners = []
     try:
         learners = [_learner(addr, i, run_dir) for i in range(2)]
         for i, p in enumerate(learners):  # both train to the budget and leave
             assert p.wait(240) == 0, (run_dir / f"L{i}.log").read_text()[-3000:]
-        until = time.time() + 30  # their sessions closed: nothing more comes in
-        while (status := json.loads(_get(http, "/status.json")))["learners_live"]:
-            assert time.time() < until, status["learners"]
+        until = time.time() + 60  # the run is over: summary.json written, nothing more comes in
+        while not (run_dir / "summary.json").exists():
+            assert time.time() < until, _get(http, "/status.json")
             time.sleep(0.3)
+        status = json.loads(_get(http, "/status.json"))
+        assert status["learners_live"] == 0, status["learners"]
         text = _get(http, "/metrics")
     finally:
         for p in learners:
@@ -81,11 +82,9 @@ def _run(run_dir: Path, extra: list[str]) -> tuple[dict, dict, str]:
 
 @pytest.mark.parametrize("shards", [1, 2], ids=["plain", "shards"])
 def test_every_surface_shows_the_same_figures_at_the_end(tmp_path, shards):
-    start = time.time()
     status, m, out = _run(tmp_path, ["--shards", "2"] if shards > 1 else [])
     job = load_job([s for s in SETS if s != "--set"], None)
-    summary = summarize(tmp_path, job.sim, job.live, start, time.time())
-    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    summary = json.loads((tmp_path / "summary.json").read_text())  # the syncer's own
     final = json.loads((tmp_path / "syncer_final.json").read_text())
     lines = [x for x in map(LINE.search, out.splitlines()) if x]
     assert lines, out[-3000:]

@@ -101,9 +101,21 @@ def test_metrics_agree_with_the_books_and_a_slow_client_holds_nothing(live):
         nbytes = service.proto.plan.nbytes_fp32()
         assert st["dp_bytes"] == 7 * ring_allreduce_bytes(nbytes, workers) > 0
         assert _samples(http.port)["atoll_syncer_data_parallel_bytes_total"] == st["dp_bytes"]
+        # a session whose final beat came before its stream ended is a finish; one without is
+        # a loss (the page and the report list them by kind)
+        final = pb.Beat(learner="L0", incarnation="L0", step=8, tokens=512, final=True)
+        assert stub.Heartbeat(final, metadata=MD, timeout=5).known
         again.cancel()
-        for s in streams:
-            s.cancel()
+        for old in streams:  # L0's first session (replaced by its reconnect) and L1's
+            old.cancel()
+
+        def ends() -> list[tuple[str, str]]:
+            marks = json.loads(_get(http.port, "/history.json")[1])["marks"]
+            return sorted((m["learner"], m["kind"]) for m in marks
+                          if m["kind"] in ("finished", "lost"))  # fmt: skip
+
+        _wait(lambda: len(ends()) == 2, "both sessions to end")
+        assert ends() == [("L0", "finished"), ("L1", "lost")]
     finally:
         idle.close()
         http.close()

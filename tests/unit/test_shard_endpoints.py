@@ -117,18 +117,3 @@ def test_the_sets_window_is_the_earliest_join_to_the_latest_contribution_and_hol
     s0["finished"] = False  # running or over, idle for 42 s: the same figure, no decay
     later = combine(_shards(s0, s1), {0: s0, 1: s1}, now=1500.0)
     assert later["goodput"] == out["goodput"] and later["evals"] == []
-
-
-def test_a_learner_that_finished_on_the_home_shard_finished_on_every_shard():
-    from atoll.live.syncer.shard_endpoints import finished_everywhere
-
-    marks = [
-        {"t": 100.0, "kind": "finished", "learner": "L0", "why": "stream ended", "shard": 0},
-        {"t": 100.4, "kind": "lost", "learner": "L0", "why": "stream ended", "shard": 1},
-        {"t": 100.5, "kind": "lost", "learner": "L1", "why": "stream ended", "shard": 1},
-        {"t": 150.0, "kind": "lost", "learner": "L0", "why": "stream ended", "shard": 1},
-        {"t": 101.0, "kind": "lost", "learner": "L0", "why": "silent for more than 5 s"},
-    ]
-    kinds = [m["kind"] for m in finished_everywhere(marks)]
-    # L1 never finished; a later end of L0's stream, or a silence, is still a loss
-    assert kinds == ["finished", "finished", "lost", "lost", "lost"]

@@ -76,8 +76,14 @@ class Joined(Record):
     heal: bool | None = None
 
 
+FINISHED = "finished"  # a Lost's `why` when the learner said its last beat first: a finish
+
+
 @_kind("lost")
 class Lost(Record):
+    """A learner's session ended: lost (`why`: how), or finished (`why` FINISHED: its final
+    beat came before its stream ended)."""
+
     learner: str
     why: str | None = None
 

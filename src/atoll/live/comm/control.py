@@ -45,13 +45,14 @@ class Control(Part):
     _last: tuple[int, float] | None = field(default=None, init=False)
 
     # -- heartbeats ---------------------------------------------------------------------------
-    def beat(self, st: StepState) -> pb.Beat:
+    def beat(self, st: StepState, final: bool = False) -> pb.Beat:
         """A heartbeat carrying the learner's counters from step state `st`; its step time is
-        the mean of the steps since the previous beat (core/pacing.py's rule)."""
+        the mean of the steps since the previous beat (core/pacing.py's rule); `final`: the
+        last, after the final flush (the syncer then counts the session's end as a finish)."""
         step_time = mean_step_time(self._last, st.steps, st.work_s, st.step_time)
         self._last = (st.steps, st.work_s)
         p = Progress(self.id, st.steps, step_time, time.time(), st.work_s)
-        return convert.beat(self.id, self.o.incarnation, st.tokens, p)
+        return convert.beat(self.id, self.o.incarnation, st.tokens, p, final)
 
     def beat_once(self, within_s: float = FINAL_BEAT_S) -> bool:
         """Report the final counters (tokens, step-seconds) synchronously, until the syncer
@@ -63,7 +64,7 @@ class Control(Part):
         if st is None:
             return False
         until = time.time() + within_s
-        beat = self.beat(st)
+        beat = self.beat(st, final=True)
         while (left := until - time.time()) > 0:
             try:
                 reply = ch.control_stub.Heartbeat(

@@ -47,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from atoll import metrics
-from atoll.core.events import Evaluated, Event, Joined, Lost, Refused, RoundClosed
+from atoll.core.events import FINISHED, Evaluated, Event, Joined, Lost, Refused, RoundClosed
 from atoll.live.syncer.chart_history import ChartHistory, TokenRates, replayed
 from atoll.live.syncer.page import PAGE
 from atoll.sim.world import ring_allreduce_bytes
@@ -136,7 +136,7 @@ class SyncerMetrics:
                 )
                 self.history.add(e.t, self.figures())  # the core counted the round already
             case Lost(learner=lid, why=why):
-                kind = "finished" if why == "stream ended" and self.rt.stop_requested else "lost"
+                kind = "finished" if why == FINISHED else "lost"
                 self.marks.append({"t": e.t, "kind": kind, "learner": lid, "why": why})
             case Joined(learner=lid):
                 kind = "healed" if lid in self._joined else "joined"

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from atoll.core.events import LimitReached, TransferBroken
+from atoll.core.events import FINISHED, LimitReached, TransferBroken
 from atoll.core.messages import Heal, PushAnswer, Refusal, Rejection, Send
 from atoll.live.syncer.outbox import Control, Session
 from atoll.live.syncer.runtime import SyncerRuntime
@@ -95,7 +95,7 @@ class Handlers(pbg.SyncerServicer):
                 for u in msg.updates:
                     sess.put_update(u, rt.proto.coalesce)
             rt.joined(now)
-        context.add_callback(lambda: rt.lose(hello.learner, sess, "stream ended"))
+        context.add_callback(lambda: rt.lose(hello.learner, sess, FINISHED if sess.finishing else "stream ended"))
         w = pb.Welcome()
         w.CopyFrom(self._welcome)
         w.epoch, w.heal = rt.epoch, heal
@@ -189,6 +189,7 @@ class Handlers(pbg.SyncerServicer):
             known = sess is not None and sess.incarnation == beat.incarnation
             if known:  # only a joined learner's counters count, and only within bounds
                 sess.last_seen = now
+                sess.finishing = sess.finishing or beat.final
                 if rt.books.beat(
                     beat.learner, beat.incarnation, beat.step, beat.tokens, beat.work_s
                 ):

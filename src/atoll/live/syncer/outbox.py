@@ -32,6 +32,7 @@ class Session:
     updates: OrderedDict[int, tuple[FragmentUpdate, ...]] = field(default_factory=OrderedDict)
     notices: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
+    finishing: bool = False  # its final beat came: the stream's end is a finish, not a loss
 
     def put_update(self, u: FragmentUpdate, coalesce: Coalesce) -> None:
         """Queue an update; with updates of the same fragment still queued, the core says

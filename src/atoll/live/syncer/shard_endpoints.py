@@ -189,7 +189,7 @@ def combine(
     out["learners"] = [learners[k] for k in sorted(learners, key=str)]
     out["learners_live"] = len(learners)
     out["recent_rounds"] = _newest(fresh, "recent_rounds", RECENT_ROUNDS)
-    out["marks"] = finished_everywhere(_newest(fresh, "marks", RECENT_MARKS))
+    out["marks"] = _newest(fresh, "marks", RECENT_MARKS)  # each shard heard the final beat
     if not shards[0].status and known:  # the home shard never answered: the others' start
         out["start"] = min(_num(sh.status.get("start")) or now for sh in known)  # type: ignore[union-attr]
     if evals:
@@ -218,25 +218,6 @@ def _figures(st: dict[str, Any]) -> metrics.Figures:
         start=times["first_join"],
         last_accepted=times["last_accepted"],
     )
-
-
-FINISH_S = 10.0  # a learner's streams to the shards end this close to its finish
-
-
-def finished_everywhere(marks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A learner that finished on the home shard (which holds the budget) closed its streams to
-    every shard: its "lost" on another shard within FINISH_S of that, its stream ended, is a
-    finish too."""
-    done = {m.get("learner"): _num(m.get("t")) for m in marks if m.get("kind") == "finished"}
-    return [
-        {**m, "kind": "finished"}
-        if m.get("kind") == "lost"
-        and m.get("why") == "stream ended"
-        and m.get("learner") in done
-        and abs(_num(m.get("t")) - done[m.get("learner")]) <= FINISH_S
-        else m
-        for m in marks
-    ]
 
 
 def _num(v: Any) -> float:

@@ -165,13 +165,13 @@ def run(args: Any, job: Any, count: int, evaluate: Any = None, view: Any = None)
 
         print(f"atoll syncer: thread {died[0]} died, ending the shard set", flush=True)
         rc = EXIT_THREAD_DIED
+    if view is not None:  # its last line while the set's endpoints still answer
+        view.stop()
     if page is not None:
         page.close()
     _stop(shards)
     if evaluation is not None:
         evaluation.stop()  # after a last look: a point the shards wrote as they stopped
-    if view is not None:
-        view.stop()
     log.close()
     combine(run_dir, count)
     if ending is not None and ending.at is not None and not args.serve_after_budget:
