@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll import metrics
-from atoll.core.events import Event
+from atoll.core.events import FINISHED, Event
 
 POLL_BYTES = 8 << 20  # of the event log read at one poll at most
 
@@ -148,7 +148,7 @@ class RunState:
             for lid, s in zip(d.participants, d.staleness, strict=False):
                 self.row(lid).staleness = s
         elif kind == "lost":
-            self.row(d.learner).state = "lost"
+            self.row(d.learner).state = "finished" if d.why == FINISHED else "lost"
         elif kind == "joined":
             self.row(d.learner).state = "joined"
             if self.started is None:  # until a training step is seen (learners logging

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll import metrics
-from atoll.core.events import Event
+from atoll.core.events import FINISHED, Event
 from atoll.errors import ConfigError
 from atoll.eventlog import load_events
 
@@ -243,6 +243,8 @@ def timeline(events: list[Event]) -> dict[str, list[tuple[str, float]]]:
         who = _who(e)
         if who is None:
             continue
+        if e.kind == "lost" and e.data.why == FINISHED:
+            continue  # a finish (its final beat came first), not a failure
         if e.kind in DOWN:
             out["down"].append((who, e.t - t0))
         elif e.kind in UP:

@@ -289,9 +289,7 @@ def control_hello(learner: str, incarnation: str) -> pb.ControlHello:
     return pb.ControlHello(protocol=PROTOCOL, learner=learner, incarnation=incarnation)
 
 
-def beat(
-    learner: str, incarnation: str, tokens: int, p: Progress, final: bool = False
-) -> pb.Beat:
+def beat(learner: str, incarnation: str, tokens: int, p: Progress, final: bool = False) -> pb.Beat:
     """A heartbeat: liveness, this incarnation's tokens, and its step report `p`; `final`: the
     learner's last (it has flushed, and its session ending next is a finish, not a loss)."""
     return pb.Beat(

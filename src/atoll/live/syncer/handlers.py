@@ -95,7 +95,9 @@ class Handlers(pbg.SyncerServicer):
                 for u in msg.updates:
                     sess.put_update(u, rt.proto.coalesce)
             rt.joined(now)
-        context.add_callback(lambda: rt.lose(hello.learner, sess, FINISHED if sess.finishing else "stream ended"))
+        # the stream's end: a finish when the session's final beat came first, else a loss
+        why = lambda: FINISHED if sess.finishing else "stream ended"  # noqa: E731
+        context.add_callback(lambda: rt.lose(hello.learner, sess, why()))
         w = pb.Welcome()
         w.CopyFrom(self._welcome)
         w.epoch, w.heal = rt.epoch, heal
