@@ -143,3 +143,18 @@ def syncer_process(run_dir: Path, argv: list[str], env: dict, cwd: Path | None =
     wait_ready(addr, argv[argv.index("--run-id") + 1] if "--run-id" in argv else RUN,
                env["ATOLL_SECRET"], 20)  # fmt: skip
     return proc, addr
+
+
+def learner_process(
+    addr: str, index: int, run_dir: Path, sets: list[str], env: dict, cwd: Path | None = None
+) -> Any:
+    """`atoll learner *sets --index index` as a process, to the syncer at `addr` (run id RUN),
+    logging its events to run_dir/events.jsonl and its output to run_dir/L{index}.log."""
+    import subprocess
+    import sys
+
+    events = str(run_dir / "events.jsonl")
+    cmd = [sys.executable, "-m", "atoll.cli", "learner", *sets, "--syncer", addr,
+           "--index", str(index), "--run-id", RUN, "--events", events]  # fmt: skip
+    log = open(run_dir / f"L{index}.log", "wb")  # noqa: SIM115 - the process writes it
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)

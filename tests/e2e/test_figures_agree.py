@@ -13,7 +13,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -27,7 +26,7 @@ from atoll.live.view import RunState
 from atoll.report.data import goodput_series, read_run
 from atoll.sinks import scalars
 from tests.e2e.test_status_page import ENV, ROOT, _free_port
-from tests.helpers import RUN, syncer_process
+from tests.helpers import learner_process, syncer_process
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +39,7 @@ LINE = re.compile(
 
 
 def _learner(addr: str, index: int, run_dir: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "atoll.cli", "learner", *SETS, "--syncer", addr, "--index",
-           str(index), "--run-id", RUN, "--events", str(run_dir / "events.jsonl")]  # fmt: skip
-    log = open(run_dir / f"L{index}.log", "wb")  # noqa: SIM115 - the process writes it
-    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    return learner_process(addr, index, run_dir, SETS, ENV, ROOT)
 
 
 def _get(port: int, path: str) -> str:

@@ -20,7 +20,7 @@ from atoll.core.shards import assign
 from atoll.eventlog import read_events
 from atoll.live.client import status
 from atoll.model.recipe import builtin_plan
-from tests.helpers import RUN, SECRET, syncer_process
+from tests.helpers import RUN, SECRET, learner_process, syncer_process
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +43,7 @@ def _shard_pid(index: int) -> int:
 
 
 def _learner(addr: str, index: int, run_dir: Path) -> subprocess.Popen:
-    events = str(run_dir / "events.jsonl")
-    cmd = [sys.executable, "-m", "atoll.cli", "learner", *SETS, "--syncer", addr,
-           "--index", str(index), "--run-id", RUN, "--events", events]  # fmt: skip
-    log = open(run_dir / f"L{index}.log", "wb")  # noqa: SIM115 - the process writes it
-    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    return learner_process(addr, index, run_dir, SETS, ENV, ROOT)
 
 
 def _syncer_cli(*args: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 from atoll.config import load_job
 from atoll.live.client import status
 from atoll.live.summary import summarize
-from tests.helpers import RUN, SECRET, syncer_process
+from tests.helpers import RUN, SECRET, learner_process, syncer_process
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +31,7 @@ SETS = [x for kv in TINY for x in ("--set", kv)]
 
 
 def _learner(addr: str, index: int, run_dir: Path) -> subprocess.Popen:
-    events = str(run_dir / "events.jsonl")
-    cmd = [sys.executable, "-m", "atoll.cli", "learner", *SETS, "--syncer", addr,
-           "--index", str(index), "--run-id", RUN, "--events", events]  # fmt: skip
-    log = open(run_dir / f"L{index}.log", "wb")  # noqa: SIM115 - the process writes it
-    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    return learner_process(addr, index, run_dir, SETS, ENV, ROOT)
 
 
 def _run(run_dir: Path, extra: list[str]) -> str:
