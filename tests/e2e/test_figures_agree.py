@@ -64,6 +64,7 @@ def _run(run_dir: Path, extra: list[str]) -> tuple[dict, dict, str]:
             time.sleep(0.3)
         status = json.loads(_get(http, "/status.json"))
         assert status["learners_live"] == 0, status["learners"]
+        assert (run_dir / "report.html").exists() and proc.poll() is None  # and it serves on
         text = _get(http, "/metrics")
     finally:
         for p in learners:

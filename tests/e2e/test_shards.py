@@ -97,6 +97,14 @@ def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds
     books = json.loads((tmp_path / "syncer_final.json").read_text())
     assert books["lost_committed_rounds"] == 0 and books["shards"][1]["restarts"] >= 1
     assert sum(books["tokens"].values()) >= 120 * 2 * 16 * 64  # the home shard's count
+    # ended by itself: every shard's core said the run is over once both learners had left,
+    # and the set wrote one summary (atoll run's keys) and the report
+    events = read_events(tmp_path / "events.jsonl")
+    over = [e["data"] for e in events if e["kind"] == "run_over"]
+    assert len(over) >= 2 and all(o["reason"] == "flushed" for o in over), over
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tokens"] >= summary["token_budget"] and summary["rounds"] > 0
+    assert (tmp_path / "report.html").stat().st_size > 0
     from safetensors.torch import load_file
 
     final = load_file(str(tmp_path / "final.safetensors"))

@@ -1,8 +1,9 @@
 """A hand-started syncer with a token budget ends by itself: two learners train to the budget
-and leave, and the syncer (and a shard set of 2) exits 0 having written the final model,
-summary.json with `atoll run`'s keys (rejoins included), report.html and syncer_final.json with
-its rejoins; with --serve-after-budget it writes them and serves on (without a budget: one
-warning). A tiny model and few steps: the run itself takes a few seconds."""
+and leave, and the syncer exits 0 having written the final model, summary.json with `atoll
+run`'s keys (rejoins included), report.html and syncer_final.json with its rejoins; without a
+budget, --serve-after-budget warns once. A tiny model and few steps: the run itself takes a few
+seconds. A shard set that ends by itself: tests/e2e/test_shards.py; --serve-after-budget writing
+the results and serving on, plain and sharded: tests/e2e/test_figures_agree.py."""
 
 from __future__ import annotations
 
@@ -11,15 +12,13 @@ import math
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from atoll.config import load_job
-from atoll.live.client import status
 from atoll.live.summary import summarize
-from tests.helpers import RUN, SECRET, learner_process, syncer_process
+from tests.helpers import SECRET, learner_process, syncer_process
 
 pytestmark = pytest.mark.slow
 
@@ -72,40 +71,6 @@ def _check_results(run_dir: Path, out: str) -> None:
 def test_a_hand_started_syncer_with_a_budget_ends_and_writes_the_runs_results(tmp_path):
     out = _run(tmp_path, [])
     _check_results(tmp_path, out)
-
-
-def test_a_shard_set_ends_when_every_shards_run_is_over(tmp_path):
-    out = _run(tmp_path, ["--shards", "2"])
-    _check_results(tmp_path, out)
-    for i in range(2):  # each shard wrote its own books and part of the model
-        assert (tmp_path / f"shard-{i}" / "syncer_final.json").exists()
-    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert len([e for e in events if e["kind"] == "run_over"]) == 2  # each shard's core
-
-
-def test_serve_after_budget_writes_the_results_at_the_budgets_end_and_serves_on(tmp_path):
-    proc, addr = syncer_process(tmp_path, ["--serve-after-budget", "--view", "off", *SETS],
-                                ENV, ROOT)  # fmt: skip
-    learners = [_learner(addr, i, tmp_path) for i in range(2)]
-    try:
-        for i, p in enumerate(learners):
-            assert p.wait(180) == 0, (tmp_path / f"L{i}.log").read_text()[-3000:]
-        until = time.time() + 60
-        while not (tmp_path / "report.html").exists():  # written once the run is over
-            assert time.time() < until and proc.poll() is None
-            time.sleep(0.2)
-        assert proc.poll() is None  # and it serves on
-        assert status(addr, RUN, SECRET).stop
-        summary = json.loads((tmp_path / "summary.json").read_text())
-        assert summary["tokens"] >= summary["token_budget"] > 0
-        assert json.loads((tmp_path / "syncer_final.json").read_text())["rejoins"] == 0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=60)[0].decode()
-        for p in learners:
-            if p.poll() is None:
-                p.kill()
-    assert proc.returncode == 0, out[-3000:]
 
 
 def test_serve_after_budget_without_a_budget_warns_once(tmp_path):

@@ -24,6 +24,10 @@ class LiveConfig:
     chunk_bytes: int = 256 * 1024
     heartbeat_s: float = 0.5
     lost_after_s: float = 3.0  # a learner silent this long is out of the quorum
+    # once the token budget is spent, how long a syncer waits for learners still connected to
+    # send their final flush and leave before its run is over (core/budget.py, RunEnd); a
+    # learner's finish() waits at most 10 s for its flush to be merged and 6 s for its last beat
+    finish_window_s: float = 30.0
     snapshot_every_s: float = 10.0
     snapshot_history: int = 8  # public versions per fragment kept in a snapshot
     tape_fsync: bool = False  # fsync every tape record (power-loss durability)
@@ -73,7 +77,13 @@ class LiveConfig:
     def validate(self) -> LiveConfig:
         if not 0 <= self.port < 65536:
             raise ConfigError("port", self.port, "an integer in [0, 65535] (0: ephemeral)")
-        for k in ("heartbeat_s", "lost_after_s", "snapshot_every_s", "max_wall_s"):
+        for k in (
+            "heartbeat_s",
+            "lost_after_s",
+            "finish_window_s",
+            "snapshot_every_s",
+            "max_wall_s",
+        ):
             if not getattr(self, k) > 0:
                 raise ConfigError(k, getattr(self, k), "a number > 0 (seconds)")
         if self.lost_after_s < 2 * self.heartbeat_s:

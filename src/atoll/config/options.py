@@ -24,6 +24,7 @@ class SyncerOptions:
     port: int = 0
     chunk_bytes: int = 256 * 1024
     lost_after_s: float = 3.0
+    finish_window_s: float = 30.0
     snapshot_every_s: float = 10.0
     snapshot_history: int = 8
     tape_fsync: bool = False
@@ -59,6 +60,7 @@ def syncer_options(
         port=live.port,
         chunk_bytes=live.chunk_bytes,
         lost_after_s=live.lost_after_s,
+        finish_window_s=live.finish_window_s,
         snapshot_every_s=live.snapshot_every_s,
         snapshot_history=live.snapshot_history,
         tape_fsync=live.tape_fsync,

@@ -12,10 +12,11 @@ When a run with a budget is over (`RunEnd`, asked by `SyncerProtocol.run_over`):
 spent and every learner has flushed (each learner ends its session after its final flush and
 final heartbeat; the last one to leave ends the run), or the window after the budget has
 passed. That window is fixed when the budget is spent: `after_s` (the live syncer's
-`lost_after_s`: a learner with a session heartbeats more often than that, so it has heard the
-stop within it) plus the pull's answer window then (pacing.py: the slowest listening learner's
-step and its upload time, in which its final flush arrives). A learner that vanished, never
-flushes or joins after the budget holds the run at most until then.
+`lost_after_s`, within which a learner with a session has heard the stop, plus its
+`finish_window_s`, within which a learner still connected sends its final flush, has it merged
+and leaves) plus the pull's answer window then (pacing.py: the slowest listening learner's step
+and its upload time). A vanished learner is dropped after `lost_after_s` and so ends nothing
+later; one that never flushes, or joins after the budget, holds the run at most until then.
 """
 
 from __future__ import annotations

@@ -191,6 +191,8 @@ def main(args: argparse.Namespace) -> int:
     if http is not None:
         http.close()
     service.stop(final_dir=run_dir)
+    if evaluation is not None:
+        evaluation.stop()  # its last point, when one was reached as the syncer stopped
     results.write_json(run_dir / "syncer_final.json", results.final_books(service, events.path))
     events.close()
     if over_at is not None and not args.serve_after_budget:

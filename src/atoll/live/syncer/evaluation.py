@@ -103,6 +103,14 @@ class LiveEvaluation:
         while not self.rt.stopping.wait(0.5):
             if self.due(time.time()):
                 self.once()
+        if self.due(time.time()):  # a point reached as the syncer stopped (the budget's, often)
+            self.once()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Wait, once the syncer is stopping, for the thread's last look (bounded: a hung
+        evaluation is not waited for past `timeout`)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def start(self) -> None:
         self._thread = guarded("live-evaluation", self._loop, self.rt.thread_died)

@@ -70,7 +70,9 @@ class SyncerRuntime:
     ) -> None:
         self.plan, self.opts = plan, opts
         served = owned(plan, opts.shard) if opts.shard.count > 1 else None
-        end = RunEnd(TokenBudget(opts.token_budget), opts.lost_after_s)
+        # the window after the budget: a vanished learner is dropped after lost_after_s; one
+        # still connected has finish_window_s to flush and leave
+        end = RunEnd(TokenBudget(opts.token_budget), opts.lost_after_s + opts.finish_window_s)
         self.proto = SyncerProtocol(plan, init, config, served, end)
         self.events = events or EventLog(opts.run_dir / "events.jsonl")
         self.lock = threading.RLock()
