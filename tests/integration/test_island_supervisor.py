@@ -109,3 +109,14 @@ def test_the_environment_of_the_command_is_kept(tmp_path):
     env = {**os.environ, "MY_SETTING": "kept"}
     p = island("--", "sh", "-c", "echo $MY_SETTING", env=env)
     assert p.communicate(timeout=60)[0].strip() == "kept"
+
+
+def test_torchrun_beside_this_python_is_found_without_the_environment_on_path(tmp_path):
+    """`.venv/bin/atoll island -- torchrun ...` with the environment not active: the command is
+    taken from the bin directory of the Python atoll runs in."""
+    env = {**os.environ, "PATH": str(tmp_path)}  # neither torchrun nor python on PATH
+    bindir = Path(sys.executable).parent
+    assert (bindir / "torchrun").exists()
+    p = island("--max-restarts", "0", "--", "torchrun", "--help", env=env)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and "--nproc-per-node" in out, err[-2000:]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,7 +122,7 @@ class Supervisor:
         if not backoff_s >= 0:
             raise ConfigError("--backoff", backoff_s, "seconds >= 0")
         check_torchrun(command)
-        self.command = list(command)
+        self.command = beside_python(command)
         self.max_restarts = max_restarts
         self.backoff_s = backoff_s
         self.max_backoff_s = max(max_backoff_s, backoff_s)
@@ -185,6 +186,17 @@ class Supervisor:
             if self._stopping.wait(delay):
                 return 128 + self._signal
             delay = min(delay * 2, self.max_backoff_s)
+
+
+def beside_python(command: Sequence[str]) -> list[str]:
+    """`command`, its program taken from this Python's own bin directory when it is not on PATH
+    (`torchrun` of the environment atoll runs in, called as .venv/bin/atoll without it active)."""
+    out = list(command)
+    if out and "/" not in out[0] and shutil.which(out[0]) is None:
+        here = Path(sys.executable).parent / out[0]
+        if os.access(here, os.X_OK):
+            out[0] = str(here)
+    return out
 
 
 def supervise(command: Sequence[str], max_restarts: int, backoff_s: float = 1.0) -> int:
