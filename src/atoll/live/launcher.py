@@ -49,6 +49,7 @@ from atoll.eventlog import EventLog, load_events, read_events
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
 from atoll.live.common import die_with_parent
+from atoll.live.summary import books_tokens
 from atoll.live.view import view_for
 
 
@@ -289,8 +290,11 @@ class Launcher:
         except RunError as exc:  # the run cannot go on: stop every process, then say why
             failed = exc
         finally:
-            view.stop()
             self._shutdown()
+            # the last line with the run's tokens as the syncer's books counted them (the
+            # summary's): a killed learner's last step reports may never have reached the log
+            view.state.fig.heard_tokens = books_tokens(self.run_dir)
+            view.stop()
         end = time.time()
         self.events.record("launcher", RunEnded(interrupted=interrupted))
         if interrupted or failed is not None:

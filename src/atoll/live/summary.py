@@ -47,6 +47,15 @@ def wire_bytes(events: list[Event]) -> dict[str, int | None]:
     }
 
 
+def books_tokens(run_dir: Path) -> int | None:
+    """The run's tokens as the syncer's books (syncer_final.json) counted them, if written."""
+    try:
+        books = json.loads((run_dir / "syncer_final.json").read_text())
+        return int(sum(books.get("tokens", {}).values()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
 def summarize(
     run_dir: Path, scfg: SimConfig, lcfg: LiveConfig, start: float, end: float
 ) -> dict[str, Any]:
@@ -56,7 +65,7 @@ def summarize(
     events = load_events(run_dir / "events.jsonl")
     final_path = run_dir / "syncer_final.json"
     acct = json.loads(final_path.read_text()) if final_path.exists() else {}
-    tokens = int(sum(acct.get("tokens", {}).values()))
+    tokens = books_tokens(run_dir) or 0
     M = scfg.learners
     # the run's figures (metrics.Figures, as every surface reads them): goodput over the first
     # join to the latest contribution taken (what follows - learners closing, the final
