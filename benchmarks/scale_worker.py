@@ -73,8 +73,12 @@ class Loop:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if WORLD > 1:
+            from datetime import timedelta
+
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            torch.distributed.init_process_group(backend)
+            # rank 0 may wait long for the syncer's start and its heal (minutes at 1B) while
+            # the other ranks wait in their first collective: not NCCL's 10-minute default
+            torch.distributed.init_process_group(backend, timeout=timedelta(minutes=60))
         self.n_layer, self.d_model = SIZES[args.size]
         torch.manual_seed(0)
         gcfg = GPTConfig(context=args.context, n_layer=self.n_layer, n_head=self.d_model // 64,
@@ -122,6 +126,16 @@ class Loop:
         self.call_times.append(t2 - t1)
         return t2 - t, time.thread_time() - c
 
+    def from_rank0(self, value):
+        """Rank 0's `value`, on every rank (itself with one rank): what the ranks decide
+        together (a step count, the counters reported) is decided once, so that they agree
+        by construction and make the same collective calls."""
+        if WORLD == 1:
+            return value
+        box = [value]
+        self.torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
     def gpu_peak(self) -> int:
         cuda = self.torch.cuda
         return cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
@@ -159,7 +173,7 @@ def measure(args: argparse.Namespace) -> dict:
     step_s = statistics.median(warm[1:] or warm)
     rss_plain, gpu_plain = peak_rss_bytes(), loop.gpu_peak()
     say(size, f"plain step {1e3 * step_s:.0f} ms, peak RSS {rss_plain / MB:.0f} MiB")
-    steps = max(args.steps, round(args.min_block_s / step_s))
+    steps = loop.from_rank0(max(args.steps, round(args.min_block_s / step_s)))
     t = time.perf_counter()
     for p in loop.model.parameters():
         codec.digest(p)
@@ -173,13 +187,13 @@ def measure(args: argparse.Namespace) -> dict:
         if WORLD == 1:  # the same weights as the syncer's: digests match, nothing downloaded
             t = time.perf_counter()
             loop.learner = atoll.Learner(loop.model, loop.opt, **kw)
-            join_s, join_bytes = time.perf_counter() - t, loop.learner.bytes_down
+            join_s, join_bytes = time.perf_counter() - t, talker_bytes(loop)[0]
             say(size, f"join (digests match) {join_s:.2f} s, {join_bytes} bytes down")
             loop.learner.close()
         loop.plain()  # the weights now differ from the syncer's: this join heals in full
         t = time.perf_counter()
         loop.learner = atoll.Learner(loop.model, loop.opt, **kw)
-        heal_s, heal_bytes = time.perf_counter() - t, loop.learner.bytes_down
+        heal_s, heal_bytes = time.perf_counter() - t, talker_bytes(loop)[0]
         say(size, f"join with a full heal {heal_s:.2f} s, {heal_bytes / MB:.1f} MiB down")
         proc = getattr(getattr(loop.learner, "port", None), "proc", None)
         child = proc.pid if proc is not None else None
@@ -200,8 +214,8 @@ def measure(args: argparse.Namespace) -> dict:
         busy = {pid: cpu_seconds(pid) - before for pid, before in busy.items()}
         rss = peak_rss_bytes(), peak_rss_bytes(child) if child else 0
         rss_syncer = peak_rss_bytes(syncer.pid) if syncer else 0
-        learner = loop.learner
-        learner.close()
+        bytes_down, bytes_up = talker_bytes(loop)
+        loop.learner.close()
     finally:
         if loop.learner is not None:
             loop.learner.close()
@@ -236,9 +250,17 @@ def measure(args: argparse.Namespace) -> dict:
         "peak_rss_plain_bytes": rss_plain, "peak_rss_learner_bytes": rss[0],
         "peak_rss_comm_child_bytes": rss[1], "peak_rss_syncer_bytes": rss_syncer,
         "gpu_peak_plain_bytes": gpu_plain, "gpu_peak_atoll_bytes": loop.gpu_peak(),
-        "bytes_up": learner.bytes_up, "bytes_down": learner.bytes_down,
+        "bytes_up": bytes_up, "bytes_down": bytes_down,
         "plain_blocks": timed[0], "atoll_blocks": timed[1],
     }  # fmt: skip
+
+
+def talker_bytes(loop: Loop) -> tuple[int, int]:
+    """(bytes down, bytes up) of the island's talking rank (rank 0's `Learner`; the other
+    ranks' `IslandMember`s hold no connection), on every rank."""
+    learner = loop.learner
+    mine = (learner.bytes_down, learner.bytes_up) if RANK == 0 else None
+    return loop.from_rank0(mine)
 
 
 def throughput(loop: Loop, args: argparse.Namespace, o: dict) -> dict:

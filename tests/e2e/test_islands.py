@@ -34,7 +34,8 @@ def _torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 150) -> 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_an_island_heals_every_rank_trains_and_counts_every_ranks_tokens(tmp_path, mode):
-    """The island's model starts from another seed than the syncer's: after `atoll.Learner`
+    """The island's model starts from another seed than the syncer's (every collective of
+    atoll's island code on the device its backend carries): after `atoll.Learner`
     returns, every rank holds the syncer's model (to the int8 heal's error) and the ranks hold
     the same values; it trains (the loss falls) and the syncer counts both ranks' tokens."""
     steps = 40  # the budget, in single-rank steps of the built-in batch
@@ -43,9 +44,12 @@ def test_an_island_heals_every_rank_trains_and_counts_every_ranks_tokens(tmp_pat
     proc, addr = syncer_process(tmp_path, argv, ENV, ROOT)
     try:
         extra = ["--fsdp"] if mode == "fsdp" else []
-        rc, out = _torchrun("examples/island.py", "--syncer", addr, "--run-id", RUN,
-                            "--check-heal", *extra)  # fmt: skip
+        # every collective of atoll's island code checked for its device, as NCCL would
+        rc, out = _torchrun("tests/e2e/checked_collectives.py", "examples/island.py",
+                            "--syncer", addr, "--run-id", RUN, "--check-heal", *extra)  # fmt: skip
         assert rc == 0, out[-3000:]
+        checks = dict(re.findall(r"rank (\d) checked (\d+) island collectives", out))
+        assert sorted(checks) == ["0", "1"] and min(map(int, checks.values())) > 10, checks
         healed = re.findall(r"rank (\d) healed: max error ([\d.]+) digest ([0-9a-f]{32})", out)
         assert sorted(r for r, _, _ in healed) == ["0", "1"], out[-3000:]
         assert all(float(e) < 0.01 for _, e, _ in healed), healed  # seed+1 differs by ~0.1

@@ -1,10 +1,11 @@
 import itertools
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atoll.core.fragments import balanced_pack, make_plan
+from atoll.core.fragments import FlatFragments, balanced_pack, make_plan
 from atoll.errors import ConfigError
 
 
@@ -90,3 +91,31 @@ def test_bad_plans_name_the_setting(kw, key):
     with pytest.raises(ConfigError) as err:
         make_plan(SHAPES, embeddings={"emb.weight"}, **kw)
     assert err.value.setting == key
+
+
+def test_a_second_layout_takes_the_buffers_the_first_laid_out():
+    """A second Learner of the same model in one process (the scale benchmark's, or a user's
+    after a first one closed) finds the parameters inside the first one's flat buffers: they
+    are atoll's to move, so it lays them out again (one op per fragment) instead of falling
+    back to per-tensor copies; a tensor that shares a storage atoll did not make still keeps
+    its aliasing."""
+    import gc
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    params = dict(model.named_parameters())
+    shapes = {n: p.shape for n, p in params.items()}
+    first = FlatFragments(make_plan(shapes, P=2, H=4), params)
+    assert all(first.holds(p) for p in range(2))
+    before = {n: t.detach().clone() for n, t in params.items()}
+    del first
+    gc.collect()
+    again = FlatFragments(make_plan(shapes, P=2, H=4), params)
+    assert all(again.holds(p) for p in range(2))
+    other = FlatFragments(make_plan(shapes, P=3, H=4), params)  # another layout, again
+    assert all(other.holds(p) for p in range(3))
+    for n, t in params.items():
+        torch.testing.assert_close(t.detach(), before[n])
+    shared = torch.zeros(16)
+    views = {"a": shared[:8], "b": shared[8:]}  # not atoll's: left as they are
+    flat = FlatFragments(make_plan({n: v.shape for n, v in views.items()}, P=1, H=1), views)
+    assert not flat.holds(0)

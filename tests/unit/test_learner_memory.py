@@ -130,3 +130,38 @@ def test_a_delta_is_written_into_the_buffer_the_driver_hands_out():
         assert torch.equal(o.delta, want)
         in_buf = o.delta.data_ptr() == bufs[o.fragment].data_ptr()
         assert in_buf == (o.fragment % 2 == 0)
+
+
+class HostStore:
+    """A fragment store that keeps every fragment's values in host memory while the model's
+    parameters are elsewhere (as an island keeps FSDP2-sharded fragments: whole fp32 values
+    on the host, shards on the GPU; here the parameters are on the meta device, which no
+    value may be copied to)."""
+
+    def __init__(self, plan, values):
+        self.values = values
+
+    def flatten(self, p, copy=True):
+        return self.values[p].clone() if copy else self.values[p]
+
+    def assign(self, p, flat):
+        assert flat.device.type == "cpu", flat.device
+        self.values[p] = flat.clone()
+
+    def device(self, p):
+        return torch.device("cpu")
+
+
+def test_values_live_where_the_fragment_store_keeps_them_not_on_the_parameters_device():
+    plan = make_plan(SHAPES, P=4, H=4)
+    torch.manual_seed(0)
+    init = {n: torch.randn(s) for n, s in SHAPES.items()}
+    syncer = SyncerProtocol(plan, [plan.flatten(init, p) for p in range(plan.P)],
+                            SyncerConfig(quorum=1, tau=1, schedule="push"))  # fmt: skip
+    params = {n: torch.empty(s, device="meta") for n, s in SHAPES.items()}
+    store = HostStore(plan, [torch.zeros(f.numel) for f in plan.fragments])
+    lp = LearnerProtocol("L0", plan, params, LearnerConfig(tau=1, schedule="push"), store)
+    _heal(syncer, lp)
+    assert {t.device.type for t in [*lp.base, *lp.latest]} == {"cpu"}
+    for p in range(plan.P):  # the heal's values reached the store
+        torch.testing.assert_close(store.values[p], plan.flatten(init, p), atol=0.05, rtol=0)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from atoll.errors import ConfigError
 
 COMM_MODES = ("auto", "process", "thread")  # where a learner's communication runs
+DEVICES = ("auto", "cpu", "cuda")  # where the built-in learner trains (live/learner/devices.py)
 
 
 def check_comm(mode: str) -> str:
@@ -57,6 +58,9 @@ class LiveConfig:
     # ranks per built-in learner: an island of N processes under torchrun (DDP inside, rank 0
     # talks to the syncer); one number, or one per learner ("1,2": mixed hardware)
     island_size: str = "1"
+    # the built-in learner's device: "auto" (cuda:LOCAL_RANK when the host has a GPU, else the
+    # CPU), "cpu" or "cuda"; its island's ranks use NCCL on GPUs, gloo on the CPU
+    device: str = "auto"
     # syncer processes, each serving its share of the fragments (core/shards.py): `atoll run`
     # and `atoll syncer` start them all; at most the plan's fragments
     shards: int = 1
@@ -93,6 +97,8 @@ class LiveConfig:
         if self.snapshot_history < 2:
             raise ConfigError("snapshot_history", self.snapshot_history, "an integer >= 2")
         check_comm(self.comm)
+        if self.device not in DEVICES:
+            raise ConfigError("device", self.device, f"one of {', '.join(DEVICES)}")
         if self.shards < 1:
             raise ConfigError("shards", self.shards, "an integer >= 1 (at most the fragments)")
         if self.max_learners < 1:

@@ -13,6 +13,7 @@ Schedule: fragment p has offset t_p = floor(p*H/P); at step t it is sent if t mo
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -140,17 +141,32 @@ class FragmentPlan:
         return 4 * sum(f.numel for f in self.fragments)
 
 
+# each parameter FlatFragments moved, and the address of the buffer it moved it into: one still
+# there (a second Learner of the same model in one process, e.g. after a first one closed) is
+# atoll's to move again, though it shares that storage with the fragment's other parameters
+# (by the parameter's id, dropped when the parameter is collected)
+_MOVED: dict[int, int] = {}
+
+
+def _moved_into(t: torch.Tensor, buf: torch.Tensor) -> None:
+    if id(t) not in _MOVED:
+        weakref.finalize(t, _MOVED.pop, id(t), None)
+    _MOVED[id(t)] = buf.untyped_storage().data_ptr()
+
+
 def _movable(t: torch.Tensor, device: torch.device) -> bool:
-    """A plain float32 tensor on `device` that alone owns its storage, contiguous (not a
-    tensor subclass, such as FSDP2's sharded DTensor)."""
-    return (
+    """A plain float32 tensor on `device`, contiguous (not a tensor subclass, such as FSDP2's
+    sharded DTensor), that alone owns its storage or lives in a buffer atoll laid out."""
+    if not (
         type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.dtype == torch.float32
         and t.device == device
         and t.is_contiguous()
-        and t.storage_offset() == 0
-        and t.untyped_storage().nbytes() == 4 * t.numel()
-    )
+    ):
+        return False
+    storage = t.untyped_storage()
+    sole = t.storage_offset() == 0 and storage.nbytes() == 4 * t.numel()
+    return sole or _MOVED.get(id(t)) == storage.data_ptr()
 
 
 class FragmentStore(Protocol):
@@ -160,6 +176,10 @@ class FragmentStore(Protocol):
     def flatten(self, p: int, copy: bool = True) -> torch.Tensor: ...
 
     def assign(self, p: int, flat: torch.Tensor) -> None: ...
+
+    def device(self, p: int) -> torch.device:
+        """Where the protocol keeps fragment p's values (base, latest)."""
+        ...
 
 
 class FlatFragments:
@@ -196,6 +216,8 @@ class FlatFragments:
                     off += k
                 self.flat.append(buf)
                 self._ptrs.append([t.data_ptr() for t in ts])
+                for t in ts:
+                    _moved_into(t, buf)
 
     def _buffer(self, p: int) -> torch.Tensor | None:
         buf = self.flat[p]
@@ -206,6 +228,10 @@ class FlatFragments:
             self.flat[p] = None  # the parameters moved: per-tensor path from now on
             return None
         return buf
+
+    def device(self, p: int) -> torch.device:
+        """Fragment p's parameters' device: where its values are kept."""
+        return self.params[self.plan.fragments[p].names[0]].device
 
     def holds(self, p: int) -> bool:
         """Whether fragment p's parameters live in its buffer (`flatten(p, copy=False)` is

@@ -19,7 +19,8 @@ Updates that do not answer a send of ours are kept (latest wins) and applied wit
 
 Memory: one copy of the model besides the parameters. `base[p]` is `latest[p]` (one tensor)
 until a newer value arrives: no tensor it holds is ever changed in place (updates, heals and
-receipts make new ones). Values live on the device of their fragment's parameters.
+receipts make new ones). Values live where the fragment store keeps them (`device`): on the
+device of their fragment's parameters, or in host memory for an island's sharded fragments.
 
 Encoding is the driver's: a send is an `Outgoing` (the raw delta and its counters); the driver
 encodes it with its `codec.ContributionEncoder` in send order. Goodput's books are kept here:
@@ -111,8 +112,12 @@ class LearnerProtocol:
         return flat.flatten(p, copy) if flat is not None else self.plan.flatten(self.params, p)
 
     def _on_device(self, p: int, value: torch.Tensor) -> torch.Tensor:
-        """`value` on the device of fragment p's parameters (itself when it is there)."""
-        device = self.params[self.plan.fragments[p].names[0]].device
+        """`value` where fragment p's values are kept (itself when it is there): the store's
+        device (an island keeps a sharded fragment's in host memory), else its parameters'."""
+        if self.flat is not None:
+            device = self.flat.device(p)
+        else:
+            device = self.params[self.plan.fragments[p].names[0]].device
         return value if value.device == device else value.to(device)
 
     def _assign(self, p: int, value: torch.Tensor) -> None:

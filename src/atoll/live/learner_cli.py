@@ -103,8 +103,9 @@ def _torchrun(args: argparse.Namespace, nproc: int, learner_id: str) -> int:
     return 1  # not reached
 
 
-def _join_island(nproc: int, nnodes: int) -> int:
-    """A rank under torchrun: joins the island's process group; its rank."""
+def _join_island(nproc: int, nnodes: int, device: object) -> int:
+    """A rank under torchrun on `device`: joins the island's process group (NCCL on a GPU,
+    gloo on the CPU: the backend follows the model's device); its rank."""
     import signal
     from datetime import timedelta
 
@@ -112,16 +113,17 @@ def _join_island(nproc: int, nnodes: int) -> int:
     import torch.distributed as dist
 
     from atoll.live.common import die_with_parent
+    from atoll.live.learner.devices import backend_for
 
     die_with_parent(signal.SIGKILL)  # a rank does not outlive its torchrun agent
     world = int(os.environ["WORLD_SIZE"])
     if world != nproc * nnodes:
         raise ConfigError("WORLD_SIZE", world, f"--nproc x --nnodes = {nproc * nnodes}")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    assert isinstance(device, torch.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     # a syncer away longer than this fails the island's collectives (it then restarts)
-    dist.init_process_group(backend, timeout=timedelta(minutes=30))
+    dist.init_process_group(backend_for(device), timeout=timedelta(minutes=30))
     return dist.get_rank()
 
 
@@ -147,6 +149,7 @@ def main(args: argparse.Namespace) -> int:
     from atoll.config import load_job
     from atoll.config.options import learner_options
     from atoll.live.learner import Learner
+    from atoll.live.learner.devices import learner_device
     from atoll.model.recipe import load_corpus, new_model
     from atoll.model.train import DataStream, inner_lr, new_inner_optimizer, train_step
 
@@ -171,13 +174,17 @@ def main(args: argparse.Namespace) -> int:
     if scfg.batch % ranks:
         raise ConfigError("batch", scfg.batch, f"a multiple of the island's {ranks} ranks")
     under_torchrun = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+    # the model, its batches and the island's backend on one device: cuda:LOCAL_RANK when the
+    # host has a GPU per rank (`device` auto), else the CPU; too few GPUs stop here, at once
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if under_torchrun else 0
+    device = learner_device(lcfg.device, local_rank, nproc)
     if nproc * args.nnodes > 1 and not under_torchrun:
         return _torchrun(args, nproc, lid)
     if under_torchrun:  # a restarted island resumes the schedule and draws other batches
         from atoll.live.island_cli import restarts_so_far
 
         args.restart += restarts_so_far()
-    rank = _join_island(nproc, args.nnodes) if under_torchrun else 0
+    rank = _join_island(nproc, args.nnodes, device) if under_torchrun else 0
     slowdown = scfg.speed_factors()[args.index]
     stop = {"now": False}
 
@@ -186,17 +193,19 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    model = new_model(scfg)  # overwritten by the heal: the syncer's values are used
+    model = new_model(scfg).to(device)  # overwritten by the heal: the syncer's values are used
     opt = new_inner_optimizer(model, scfg)
     step_model: torch.nn.Module = model
     if under_torchrun:  # the island's ranks average their gradients every step
         from torch.nn.parallel import DistributedDataParallel
 
-        step_model = DistributedDataParallel(model)
+        ids = [device.index] if device.type == "cuda" else None
+        step_model = DistributedDataParallel(model, device_ids=ids)
     data = DataStream(dataclasses.replace(scfg, batch=scfg.batch // ranks), corpus, args.index)
     if args.standby is not None:  # a warm spare: everything is loaded; wait to be needed
-        x, y = data.next()
-        new_model(scfg)(x, y).backward()  # torch's first forward and backward, on a throwaway
+        x, y = (t.to(device) for t in data.next())
+        # torch's first forward and backward, on a throwaway on the learner's device
+        new_model(scfg).to(device)(x, y).backward()
         while not args.standby.exists():
             if stop["now"]:
                 return 130
@@ -231,7 +240,7 @@ def main(args: argparse.Namespace) -> int:
     offset = _run_steps(args, scfg) if args.restart > 0 else 0
     while not stop["now"] and not learner.should_stop and local < limit:
         t0 = time.perf_counter()
-        batch = data.next()
+        batch = tuple(t.to(device, non_blocking=True) for t in data.next())
         train_step(step_model, opt, batch, inner_lr(scfg, offset + local))
         local += 1
         if period > 0:  # paced: step k ends on the grid start + k*period

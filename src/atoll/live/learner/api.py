@@ -129,7 +129,7 @@ class Learner:
         (Python's 5 ms can delay the training thread after each torch op; `atoll learner`
         uses 2e-4). None (default): the interpreter is left alone."""
         syncer = ",".join(check_addresses(syncer))
-        self.island = Island.of(group)
+        self.island = Island.of(dict(unwrap(model).named_parameters()), group)
         if self.island is not None:  # its talking rank (the other ranks: IslandMember)
             model = unwrap(model)
             self.island.check_same(dict(model.named_parameters()))

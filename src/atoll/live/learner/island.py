@@ -39,9 +39,10 @@ syncer).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -100,24 +101,67 @@ def is_member(group: Any = None) -> bool:
     return g is not None and dist.get_rank(g) != 0
 
 
+def island_device(
+    backend: str, params: Iterable[torch.Tensor], local_rank: int | None = None
+) -> torch.device:
+    """The device of the tensors an island hands its collectives (commands, token counts,
+    pickled objects), by what the group's backend carries:
+
+    - a backend that carries CPU tensors (gloo, or a mixed "cpu:gloo,cuda:nccl" group): the CPU;
+    - NCCL alone: the parameters' GPU (the user's `.to(f"cuda:{local_rank}")`, whatever
+      `torch.cuda.current_device()` says), or `cuda:LOCAL_RANK` for a model without parameters.
+
+    NCCL with parameters off the GPU stops here, naming both, before any collective."""
+    if "gloo" in backend or "mpi" in backend:
+        return torch.device("cpu")
+    devices = {p.device for p in params}
+    if "nccl" not in backend:  # another backend: it carries what the parameters are on
+        return next(iter(devices), torch.device("cpu"))
+    off = sorted(str(d) for d in devices if d.type != "cuda")
+    if off:
+        raise ConfigError(
+            "process group backend",
+            f"nccl with parameters on {', '.join(off)}",
+            "parameters on a GPU for NCCL (model.to(f'cuda:{local_rank}') before atoll.Learner), "
+            "or a gloo group for a CPU model",
+        )
+    if not devices:
+        rank = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", rank)
+    if len(devices) > 1:
+        raise ConfigError(
+            "parameters", ", ".join(sorted(map(str, devices))), "one GPU per rank of an island"
+        )
+    (device,) = devices
+    # "cuda" without an index is the current device: resolved now, while it is the user's
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 class Island:
     """The island's process group, as the learner roles use it."""
 
-    def __init__(self, group: Any) -> None:
-        """`group`: a process group of 2 or more ranks (what `island_group` found)."""
+    def __init__(self, group: Any, params: Mapping[str, torch.Tensor]) -> None:
+        """`group`: a process group of 2 or more ranks (what `island_group` found); `params`:
+        this rank's parameters (their device is the island's: `island_device`)."""
         self.group = group
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
         self.leader = dist.get_global_rank(self.group, 0)
-        nccl = dist.get_backend(self.group) == "nccl"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        self.device = island_device(str(dist.get_backend(self.group)), params.values())
         self._cmd = torch.zeros(3, dtype=torch.int64, device=self.device)
 
     @classmethod
-    def of(cls, group: Any = None) -> Island | None:
+    def of(cls, params: Mapping[str, torch.Tensor], group: Any = None) -> Island | None:
         """The island of `group`, or of the initialised default group; None for one process."""
         g = island_group(group)
-        return None if g is None else cls(g)
+        return None if g is None else cls(g, params)
+
+    def _device_scope(self) -> contextlib.AbstractContextManager:
+        """Object collectives pick `torch.cuda.current_device()` for NCCL: the island's
+        device for the duration of the call."""
+        if self.device.type == "cuda":
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
 
     def send(self, cmd: int, p: int = 0, *, arg: int = 0) -> None:
         """A command from the talking rank to every other rank."""
@@ -134,7 +178,8 @@ class Island:
 
     def broadcast_object(self, obj: Any = None) -> Any:
         box = [obj]
-        dist.broadcast_object_list(box, self.leader, group=self.group, device=self.device)
+        with self._device_scope():
+            dist.broadcast_object_list(box, self.leader, group=self.group, device=self.device)
         return box[0]
 
     def total(self, n: int) -> int:
@@ -154,7 +199,8 @@ class Island:
         built another model stops the island here, before it joins)."""
         mine = [(n, tuple(p.shape)) for n, p in params.items()]
         every: list[Any] = [None] * self.size
-        dist.all_gather_object(every, mine, group=self.group)
+        with self._device_scope():
+            dist.all_gather_object(every, mine, group=self.group)
         first = dict(every[0])
         for r, theirs in enumerate(every):
             d = dict(theirs)
@@ -196,19 +242,34 @@ class IslandFragments:
         self.island.send(SCATTER, p)
         self.scatter(p, flat)
 
+    def device(self, p: int) -> torch.device:
+        """Where the protocol keeps fragment p's values: a sharded fragment's whole fp32
+        values (base, latest) in host memory, never on the GPU that holds only a shard of
+        it (the models FSDP2 is for would not fit twice); others by their parameters."""
+        return torch.device("cpu") if self.sharded[p] else self.local.device(p)
+
     # -- every rank, in the same order ----------------------------------------------------------
     def gather(self, p: int) -> torch.Tensor:
-        """Fragment p, whole (`full_tensor` of each sharded parameter: a collective)."""
-        parts = []
-        for n in self.plan.fragments[p].names:
+        """Fragment p, whole, in (pinned, when the shards are on a GPU) host memory: each
+        sharded parameter's `full_tensor` (a collective) is made and copied out one at a time,
+        so a GPU holds at most one whole parameter besides its shards."""
+        f = self.plan.fragments[p]
+        first = self.params[f.names[0]]
+        pin = first.device.type == "cuda"
+        out = torch.empty(f.numel, dtype=torch.float32, pin_memory=pin)
+        off = 0
+        for n, k in zip(f.names, f.numels, strict=True):
             t = self.params[n].detach()
-            t = t.full_tensor() if is_sharded(t) else t
-            parts.append(t.reshape(-1).float())
-        return torch.cat(parts)
+            whole = t.full_tensor() if is_sharded(t) else t
+            out[off : off + k].copy_(whole.reshape(-1))
+            del whole
+            off += k
+        return out
 
     def scatter(self, p: int, flat: torch.Tensor | None = None) -> None:
         """Write fragment p on every rank: `flat` (the talking rank's value) is broadcast, or
-        for sharded parameters distributed shard by shard (`flat` is None on other ranks)."""
+        for sharded parameters distributed shard by shard (`flat` is None on other ranks,
+        which receive each parameter into a buffer on their own device)."""
         if not self.sharded[p]:
             self._broadcast_replicated(p, flat)
             return
@@ -226,10 +287,13 @@ class IslandFragments:
                     self.island.broadcast(dst)
                     continue
                 local = param.to_local()
-                full = v if v is not None else torch.empty(shape, dtype=torch.float32)
-                full = full.to(local.device, local.dtype)
+                if v is not None:  # one whole parameter on the device at a time
+                    full = v.to(local.device, local.dtype, non_blocking=True)
+                else:
+                    full = torch.empty(shape, dtype=local.dtype, device=local.device)
                 shard = distribute_tensor(full, param.device_mesh, param.placements)
                 local.copy_(shard.to_local())
+                del full, shard
 
     def _broadcast_replicated(self, p: int, flat: torch.Tensor | None) -> None:
         buf = self.local.flatten(p, copy=False)
@@ -282,14 +346,14 @@ class IslandMember:
         learner_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        island = Island.of(group)
+        self.model = unwrap(model)
+        self.params = dict(self.model.named_parameters())
+        island = Island.of(self.params, group)
         if island is None:
             raise ConfigError("group", group, "a process group of 2 or more ranks")
         self.island = island
-        self.model = unwrap(model)
         self.optimizer = inner_optimizer
         self.id = learner_id
-        self.params = dict(self.model.named_parameters())
         self.island.check_same(self.params)
         self.fragments: IslandFragments | None = None
         self.steps_done = 0
