@@ -57,7 +57,7 @@ def self_signed(folder: Path, ips: list[str], dns: list[str] | None = None) -> t
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "atoll-syncer")])
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime.now(datetime.timezone.utc)
     alt = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     alt += [x509.DNSName(d) for d in dns or []]
     cert = (

@@ -11,6 +11,9 @@ from atoll.errors import (
     LearnerError,
     RunError,
 )
+from atoll.torch_floor import check_installed
+
+check_installed()  # an older torch stops here, in one line, before any module imports it
 
 __version__ = "0.1.0"
 

@@ -64,11 +64,11 @@ from __future__ import annotations
 import json
 import math
 import random
-import tomllib
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from atoll.compat import tomllib
 from atoll.errors import ConfigError
 
 KINDS = ("kill", "stall", "cut", "slow", "add", "remove", "kill_syncer")

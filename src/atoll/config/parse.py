@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
+from atoll.compat import tomllib
 from atoll.config.job import SECTIONS, SIM_SECTIONS, JobConfig, field_types, resolve_key
 from atoll.config.live import LiveConfig
 from atoll.config.settings import SimConfig

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import torch
 
+from atoll.compat import StrEnum
 from atoll.core.choices import check_choices
 from atoll.core.events import Event
 from atoll.core.messages import Outgoing, Send

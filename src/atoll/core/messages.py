@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 
 import torch
 
+from atoll.compat import StrEnum
 from atoll.core.events import Refused
 
 
