@@ -215,6 +215,7 @@ def measure(args: argparse.Namespace) -> dict:
         rss = peak_rss_bytes(), peak_rss_bytes(child) if child else 0
         rss_syncer = peak_rss_bytes(syncer.pid) if syncer else 0
         bytes_down, bytes_up = talker_bytes(loop)
+        flat = flat_fragments(loop.learner)
         loop.learner.close()
     finally:
         if loop.learner is not None:
@@ -250,9 +251,20 @@ def measure(args: argparse.Namespace) -> dict:
         "peak_rss_plain_bytes": rss_plain, "peak_rss_learner_bytes": rss[0],
         "peak_rss_comm_child_bytes": rss[1], "peak_rss_syncer_bytes": rss_syncer,
         "gpu_peak_plain_bytes": gpu_plain, "gpu_peak_atoll_bytes": loop.gpu_peak(),
-        "bytes_up": bytes_up, "bytes_down": bytes_down,
+        "bytes_up": bytes_up, "bytes_down": bytes_down, "flat_fragments": flat,
         "plain_blocks": timed[0], "atoll_blocks": timed[1],
     }  # fmt: skip
+
+
+def flat_fragments(learner) -> list[int] | None:
+    """[fragments in flat buffers, fragments] of the talking rank's learner (the path a user
+    gets lays every fragment of the built-in model out flat); None on the other ranks."""
+    store = getattr(getattr(learner, "proto", None), "flat", None)
+    local = getattr(store, "local", store)  # an island's store keeps a FlatFragments
+    if local is None or not hasattr(local, "holds"):
+        return None
+    n = len(local.plan.fragments)
+    return [sum(local.holds(p) for p in range(n)), n]
 
 
 def talker_bytes(loop: Loop) -> tuple[int, int]:

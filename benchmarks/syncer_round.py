@@ -50,12 +50,20 @@ def floor_bytes(n: int, frames: list[bytes], bcast: int) -> int:
     return sum(len(f) for f in frames) + 4 * n + 8 * n + 8 * n + 4 * n + bcast
 
 
-def setup(n: int, m: int, scheme: str, seed: int = 0):
+def setup(n: int, m: int, scheme: str, path: str = "fused", threads: int = 1, seed: int = 0):
     shapes = {f"t{i}": (n // TENSORS,) for i in range(TENSORS)}
     plan = make_plan(shapes, P=1, H=1)
     g = torch.Generator().manual_seed(seed)
     init = torch.randn(n, generator=g)
-    cfg = SyncerConfig(quorum=m, grace=False, schedule="push", history=2, codec=scheme)
+    cfg = SyncerConfig(
+        quorum=m,
+        grace=False,
+        schedule="push",
+        history=2,
+        codec=scheme,
+        fused="on" if path == "fused" else "off",
+        syncer_threads=str(threads),
+    )
     syncer = SyncerProtocol(plan, [init], cfg)
     for i in range(m):
         syncer.on_join(0.0, f"L{i}")
@@ -96,8 +104,8 @@ def copy_time(nbytes: int, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def measure(n: int, m: int, scheme: str, repeats: int) -> dict:
-    syncer, frames = setup(n, m, scheme)
+def measure(n: int, m: int, scheme: str, repeats: int, path: str, threads: int) -> dict:
+    syncer, frames = setup(n, m, scheme, path, threads)
     ts, bcast = [], 0
     for r in range(repeats + 2):  # two warm-up rounds (the guard warms up over 8 accepts)
         dt, bcast = one_round(syncer, frames, float(r + 1))
@@ -110,6 +118,9 @@ def measure(n: int, m: int, scheme: str, repeats: int) -> dict:
         "numel": n,
         "M": m,
         "codec": scheme,
+        "path": path,
+        "threads": threads,
+        "ns_per_value": 1e9 * t_round / (n * m),
         "round_s": t_round,
         "rounds_s": ts,
         "copy_s": t_copy,
@@ -131,9 +142,12 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 3.6), squeeze=False)
     for ax, n in zip(axes[0], sizes, strict=True):
         for scheme in sorted({r["codec"] for r in rows}):
-            rs = sorted((r for r in rows if r["numel"] == n and r["codec"] == scheme),
-                        key=lambda r: r["M"])  # fmt: skip
-            ax.plot([r["M"] for r in rs], [r["rate"] for r in rs], "o-", label=scheme)
+            for path in sorted({r["path"] for r in rows}):
+                rs = sorted((r for r in rows if r["numel"] == n and r["codec"] == scheme
+                             and r["path"] == path), key=lambda r: r["M"])  # fmt: skip
+                style = "o-" if path == "fused" else "s:"
+                ax.plot([r["M"] for r in rs], [r["rate"] for r in rs], style,
+                        label=f"{scheme} {path}")  # fmt: skip
         ax.axhline(0.5, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{n / (1 << 20):g}M values")
@@ -150,22 +164,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="2,4,8,16")
     ap.add_argument("--codecs", default="int4,int8,bf16")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch's and the kernels' threads")
+    ap.add_argument("--path", default="fused,reference", help="fused and/or reference")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path, default=OUT / "syncer_round.json")
     ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    cases = [(_size(s), int(m), c) for s in a.sizes.split(",") for m in a.ms.split(",")
-             for c in a.codecs.split(",")]  # fmt: skip
+    cases = [(_size(s), int(m), c, path) for s in a.sizes.split(",") for m in a.ms.split(",")
+             for c in a.codecs.split(",") for path in a.path.split(",")]  # fmt: skip
     rows = []
-    for k, (n, m, scheme) in enumerate(cases, 1):
-        r = measure(n, m, scheme, a.repeats)
+    for k, (n, m, scheme, path) in enumerate(cases, 1):
+        r = measure(n, m, scheme, a.repeats, path, a.threads)
         rows.append(r)
         print(
-            f"[{k}/{len(cases)}] {n / (1 << 20):g}M M={m} {scheme}: round "
-            f"{r['round_s'] * 1e3:.1f} ms, copy {r['copy_s'] * 1e3:.1f} ms, "
-            f"rate {r['rate']:.3f}",
+            f"[{k}/{len(cases)}] {n / (1 << 20):g}M M={m} {scheme} {path}: round "
+            f"{r['round_s'] * 1e3:.1f} ms ({r['ns_per_value']:.2f} ns per contributed value), "
+            f"copy {r['copy_s'] * 1e3:.1f} ms, rate {r['rate']:.3f}",
             file=sys.stderr,
             flush=True,
         )

@@ -15,5 +15,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/pip install --quiet --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/pip install --quiet -c "$CONSTRAINT" -r "$CONSTRAINT"
   .venv/bin/pip install --quiet -c "$CONSTRAINT" -e '.[dev]'
+  # the syncer's fused kernels, compiled once into numba's cache (about 25 s; later processes
+  # load them in about a second: atoll/core/fused.py)
+  echo "[setup] compiling the syncer's fused kernels (numba, once)" >&2
+  .venv/bin/python -c "from atoll.core import fused; fused.configure('on'); fused.kernels(1)"
   echo "$want" > "$stamp"
 fi

@@ -40,6 +40,8 @@ def _other(f: dataclasses.Field) -> object:
     """A valid value of a ProtocolSettings field other than its default."""
     if f.name in CHOICES:
         return next(v for v in CHOICES[f.name] if v != f.default)
+    if f.name == "syncer_threads":  # "auto" or a count of cores
+        return "1"
     if isinstance(f.default, bool):
         return not f.default
     if isinstance(f.default, int):

@@ -172,6 +172,10 @@ class ProtocolSettings:
     history: int = 64
     history_full_every: int = 16
     history_bytes: int = 0
+    # the syncer round's data path (atoll.core.fused): "auto" (numba kernels for fragments of
+    # 256K values and up), "on", "off" (torch); its threads ("auto": the process's cores)
+    fused: str = "auto"
+    syncer_threads: str = "auto"
     # outer optimizer: plain SGD with lr 1 (the merged value itself) measured best at this
     # scale; Nesterov (0.7, 0.9) lost 0.3-0.4 nats (benchmarks/results/outer_sweep.json)
     outer: str = "sgd"
@@ -208,6 +212,9 @@ class ProtocolSettings:
         from atoll.core.choices import check_choices
 
         check_choices(self)  # packing, schedule, merge, weighting, outer, receipt, codecs...
+        from atoll.core import fused
+
+        fused.check(self.fused, self.syncer_threads)  # the round's data path and its threads
         need(self, 0 <= self.alpha < 1, "alpha", "a number in [0, 1)")
         need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
         need(self, 0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")
@@ -264,6 +271,8 @@ class ProtocolSettings:
             history=self.history,
             history_full_every=self.history_full_every,
             history_bytes=self.history_bytes,
+            fused=self.fused,
+            syncer_threads=self.syncer_threads,
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from atoll.core.codec import SCHEMES
 from atoll.core.fragments import PACKINGS
+from atoll.core.fused import FUSED_MODES
 from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS
 from atoll.core.outer import OUTER_OPTIMIZERS
 from atoll.core.receipt import RECEIPT_MODES
@@ -29,6 +30,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "down_codec": CODECS,
     "heal_codec": CODECS,
     "sync_codec": CODECS,
+    "fused": FUSED_MODES,
 }
 
 

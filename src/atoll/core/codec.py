@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 import zstandard
 
-from atoll.core import quant
+from atoll.core import fused, quant
 from atoll.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -39,13 +39,13 @@ if TYPE_CHECKING:
 
 SCHEMES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
 # byte b of an int4 body holds two values: low nibble - 8, then high nibble - 8
-_QMAX = {"int8": 127, "int4": 7}
+QMAX = {"int8": 127, "int4": 7}
 _HEADER = struct.Struct("<4sBBBBQIII")
 MAGIC = b"ATF1"
 VERSION = 1
 _SCALE_UP = 1.0 + 2.0**-7  # stored bf16 scales are never smaller than absmax/qmax
-_QBOUND = {"int8": 128, "int4": 8}  # largest |q| a frame can hold (a crafted one included)
-_FLT_MAX = float(torch.finfo(torch.float32).max)
+QBOUND = {"int8": 128, "int4": 8}  # largest |q| a frame can hold (a crafted one included)
+FLT_MAX = float(torch.finfo(torch.float32).max)
 _FLT_MIN = float(torch.finfo(torch.float32).tiny)  # the smallest normal float32
 MAX_NUMEL = 1 << 31  # decode's default limit on the values of one frame
 _ZSTD_FLAG = 1
@@ -75,11 +75,7 @@ def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor,
     pad = (-x.numel()) % group
     g = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(-1, group)
     absmax = quant.group_absmax(g)
-    top = absmax.max().item() if absmax.numel() else 0.0  # max propagates NaN and inf
-    if not math.isfinite(top):
-        raise CodecError("refusing to encode non-finite values")
-    if top * _SCALE_UP * _SCALE_UP > _FLT_MAX:  # its scale times qmax would overflow float32
-        raise CodecError(f"refusing to encode |x| = {top:.3g}: too close to the float32 maximum")
+    check_encodable(absmax.max().item() if absmax.numel() else 0.0)  # max propagates NaN, inf
     # a group whose scale would be below the smallest normal float is sent as zeros: such a
     # scale can round to 0 in bf16, and x/0 would make what the sender believes it sent NaN
     # (error feedback then carries NaN into every later frame of the fragment; residuals of a
@@ -87,6 +83,14 @@ def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor,
     zero = absmax < qmax * _FLT_MIN
     scales = absmax.div_(qmax).mul_(_SCALE_UP).to(torch.bfloat16).masked_fill_(zero, 1.0)
     return g, scales
+
+
+def check_encodable(top: float) -> None:
+    """Refuse a vector whose largest |value| is `top` when an int frame cannot hold it."""
+    if not math.isfinite(top):
+        raise CodecError("refusing to encode non-finite values")
+    if top * _SCALE_UP * _SCALE_UP > FLT_MAX:  # its scale times qmax would overflow float32
+        raise CodecError(f"refusing to encode |x| = {top:.3g}: too close to the float32 maximum")
 
 
 def quantize(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
@@ -101,7 +105,7 @@ def error_bound(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
         return torch.zeros_like(x)
     if scheme == "bf16":
         return x.abs() * 2.0**-8 + 1e-38  # relative, plus bf16 subnormal spacing
-    _, scales = _group_scales(x, _QMAX[scheme], group)
+    _, scales = _group_scales(x, QMAX[scheme], group)
     per = (scales.float() / 2).repeat_interleave(group)[: x.numel()]
     return per * (1 + 1e-6) + 1e-30
 
@@ -155,7 +159,7 @@ def _encode(
         body = b.view(torch.int16).numpy().tobytes()
         sent = b.float() if want_sent else None
     else:
-        qmax = _QMAX[scheme]
+        qmax = QMAX[scheme]
         g, scales = _group_scales(x, qmax, group)
         sf = scales.float().unsqueeze(1)
         n_groups = g.shape[0]
@@ -172,22 +176,19 @@ def _encode(
         quant.quantize(g, sf, scheme, qmax, raw[2 * n_groups :], out)
         sent = out[: x.numel()] if out is not None else None
         body = bytes(body_arr) if not compress else body_arr
+    return framed(scheme, x.numel(), group, body, compress), sent
+
+
+def framed(scheme: str, numel: int, group: int, body: bytes | bytearray, compress: bool = True):
+    """The frame of an encoded `body` (zstd-compressed when `compress`): its header and it."""
     flags = 0
     if compress:
         body = zstandard.ZstdCompressor(level=1).compress(body)
         flags |= _ZSTD_FLAG
     header = _HEADER.pack(
-        MAGIC,
-        VERSION,
-        SCHEMES[scheme],
-        flags,
-        0,
-        x.numel(),
-        group,
-        len(body),
-        zlib.crc32(body),
+        MAGIC, VERSION, SCHEMES[scheme], flags, 0, numel, group, len(body), zlib.crc32(body)
     )
-    return header + body, sent
+    return header + body
 
 
 def peek(frame: bytes) -> tuple[str, int]:
@@ -226,7 +227,7 @@ def decode(
         out = torch.empty(n_groups * group)
         quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out)
         out = out[:numel]
-        if top * _QBOUND[scheme] <= _FLT_MAX:  # |q| <= _QBOUND: every value is finite
+        if top * QBOUND[scheme] <= FLT_MAX:  # |q| <= QBOUND: every value is finite
             return out
     if not all_finite(out):
         raise CodecError("payload holds non-finite values")
@@ -241,17 +242,54 @@ def decode_from(
     `out`: a float32 buffer to write into (used when it holds the frame's groups), else a
     new one: the values are then a view of that buffer."""
     scheme, numel, group, raw = _body(frame, base.numel(), MAX_NUMEL)
-    if scheme not in _QMAX or numel == 0:
+    if scheme not in QMAX or numel == 0:
         delta = decode(frame, base.numel())
         norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
         return torch.sub(base, delta, out=delta), norm
     n_groups, sf, _top = _scales(raw, numel, group)
     if out is None or out.numel() < n_groups * group:
         out = torch.empty(n_groups * group)
-    norm = math.sqrt(quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base))
+    k = fused.kernels(numel)
+    if k is not None:  # one pass (core/fused.py), the same values
+        sq = fused.decode_sub(k, raw[2 * n_groups :], sf, group, scheme, base, out)
+    else:
+        sq = quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base)
+    norm = math.sqrt(sq)
     if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
         raise CodecError("payload holds non-finite values")
     return out[:numel], norm
+
+
+@dataclass(frozen=True)
+class Packed:
+    """An int frame checked (every field, the checksum, the scales) and unpacked, its values
+    not yet decoded: `decode` would make them q * sf of each group. What the syncer holds of a
+    contribution until its round closes (the kernels decode it there: core/fused.py)."""
+
+    scheme: str
+    numel: int
+    group: int
+    q: torch.Tensor  # the body's quantized values (uint8: int4 two a byte, or int8)
+    sf: torch.Tensor  # one float32 scale per group
+    top: float  # the largest |scale|: every value is within top * QBOUND[scheme]
+
+    def decode_from(self, base: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """base - its values (the reference path: core/quant.py), into `out` when it holds
+        the frame's groups."""
+        n_groups = self.sf.numel()
+        if out is None or out.numel() < n_groups * self.group:
+            out = torch.empty(n_groups * self.group)
+        quant.dequantize(self.q, self.sf, self.group, self.scheme, out, base)
+        return out[: self.numel]
+
+
+def unpack(frame: bytes, expect_numel: int) -> Packed | None:
+    """The frame checked as `decode` checks it, unpacked (None: not an int frame, or empty)."""
+    scheme, numel, group, raw = _body(frame, expect_numel, MAX_NUMEL)
+    if scheme not in QMAX or numel == 0:
+        return None
+    n_groups, sf, top = _scales(raw, numel, group)
+    return Packed(scheme, numel, group, raw[2 * n_groups :], sf, top)
 
 
 def _scales(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tensor, float]:
@@ -273,7 +311,7 @@ def _body(
         raise CodecError(f"frame holds {numel} values, expected {expect_numel}")
     if numel > max_numel:
         raise CodecError(f"frame holds {numel} values, over the limit of {max_numel}")
-    if scheme in _QMAX and not 1 <= group <= max(numel, 1):
+    if scheme in QMAX and not 1 <= group <= max(numel, 1):
         raise CodecError(
             f"group size {group} of a frame of {numel} values: must be in [1, {max(numel, 1)}]"
         )

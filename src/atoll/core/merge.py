@@ -58,7 +58,7 @@ class RoundWeight:
         self.usual = [st.get(f"round_weight.{p}") for p in range(len(self.usual))]
 
 
-def _check(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+def normalized(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     if len(vectors) == 0 or len(vectors) != len(weights):
         raise ValueError(f"need one weight per vector, got {len(vectors)} and {len(weights)}")
     w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
@@ -66,22 +66,22 @@ def _check(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
         raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
     if w.sum() <= 0:  # all-zero weights: treat everyone equally
         w = torch.ones_like(w)
-    return w / w.sum()
+    return (w / w.sum()).tolist()
 
 
 def weighted_mean(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    w = _check(vectors, weights)
+    w = normalized(vectors, weights)
     out = torch.zeros_like(vectors[0], dtype=torch.float64)
-    for v, wi in zip(vectors, w.tolist(), strict=True):
+    for v, wi in zip(vectors, w, strict=True):
         out += wi * v.double()
     return out.to(vectors[0].dtype)
 
 
 def rda(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    w = _check(vectors, weights)
+    w = normalized(vectors, weights)
     radius = 0.0
     direction = torch.zeros_like(vectors[0], dtype=torch.float64)
-    for v, wi in zip(vectors, w.tolist(), strict=True):
+    for v, wi in zip(vectors, w, strict=True):
         vd = v.double()
         n = float(vd.norm())
         radius += wi * n
@@ -107,7 +107,7 @@ def merge_fragment(
 
 
 _CHUNK = 1 << 16  # values of one tensor merged at a time (the accumulator stays in cache)
-_CANCELLED = 1e-10  # RDA: a direction this short is opposite outer gradients cancelling
+CANCELLED = 1e-10  # RDA: a direction this short is opposite outer gradients cancelling
 
 
 def merge_flat(
@@ -123,7 +123,7 @@ def merge_flat(
     gradient is materialized whole; each tensor is read in cache-sized chunks (twice for
     RDA: once for the norms, once for the weighted sum) and accumulated in float64.
     Equal to `merge_fragment` within float rounding (tests/unit/test_merge_stream.py)."""
-    w = _check(values, weights).tolist()
+    w = normalized(values, weights)
     out = torch.empty_like(theta, dtype=torch.float32)
     d = torch.empty(chunk)
     acc = torch.empty(chunk, dtype=torch.float64)
@@ -169,7 +169,7 @@ def _rda(theta, values, w, start, end, d, acc, out) -> None:
     # order is 0 in the reference too; relative to that weight, not to 1, so that one lightly
     # weighted outer gradient beside zero ones is not taken for a cancellation
     live = sum(wi for wi, n in zip(w, norms, strict=True) if n > 0)
-    if dn <= _CANCELLED * live:
+    if dn <= CANCELLED * live:
         seg.zero_()
     else:
         seg.mul_(radius / dn)

@@ -36,15 +36,14 @@ Closing a round for fragment p:
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from atoll.core import codec
+from atoll.core import codec, fused
 from atoll.core.admission import HealCache, SeenVersions, can_resume
 from atoll.core.budget import RunEnd, TokenBudget
 from atoll.core.checks import check_contribution, decode_checked
@@ -62,7 +61,7 @@ from atoll.core.events import (
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
 from atoll.core.guard import MagnitudeGuard
-from atoll.core.merge import RoundWeight, merge_flat
+from atoll.core.merge import RoundWeight
 from atoll.core.messages import (
     CloseRound,
     Commit,
@@ -85,6 +84,7 @@ from atoll.core.messages import (
 )
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.core.pacing import PullRounds
+from atoll.core.round_values import close_values
 from atoll.core.state import Averages, GlobalState, History
 from atoll.core.syncer_config import SyncerConfig
 
@@ -93,7 +93,7 @@ PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that cov
 
 @dataclass
 class _Pending:
-    theta: torch.Tensor
+    theta: torch.Tensor | tuple[codec.Packed, torch.Tensor]  # dense, or packed (checks.py)
     weight: float
     c: Contribution
     staleness: int
@@ -116,6 +116,7 @@ class SyncerProtocol:
         self.plan = plan
         self.cfg = cfg = config or SyncerConfig()
         cfg.validate()
+        fused.configure(cfg.fused, cfg.syncer_threads)  # the round's data path, this process's
         if len(init) != plan.P:
             raise ValueError(f"need {plan.P} initial fragment values, got {len(init)}")
         self.owned = frozenset(range(plan.P)) if owned is None else frozenset(owned)
@@ -145,6 +146,7 @@ class SyncerProtocol:
         # decode buffers of closed rounds, for the next contributions of any fragment: at most
         # one per live learner in all (per fragment they would hold M * 4N bytes)
         self._spare: list[torch.Tensor] = []
+        self._absmax: dict[int, tuple[weakref.ref, float]] = {}  # (base, max |base|) by id
         self.end = end or RunEnd(TokenBudget(0))
 
     # -- the durable state (atoll.core.state) -------------------------------------------------
@@ -273,8 +275,9 @@ class SyncerProtocol:
         ) or self._elsewhere(p)
         spare = self._spare.pop() if not bad and self._spare else None
         got = bad or decode_checked(  # (only once the header passed)
-            c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard, spare
-        )
+            c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard, spare,
+            self._base_absmax,
+        )  # fmt: skip
         if isinstance(got, Rejection):
             if spare is not None:
                 self._spare.append(spare)
@@ -373,26 +376,18 @@ class SyncerProtocol:
 
     def _close(self, now: float, p: int) -> list:
         pend = self.pending[p]
-        frag = self.plan.fragments[p]
         ids = sorted(pend)
         weights = [pend[i].weight for i in ids]
-        sizes = [math.prod(s) for s in frag.shapes]
-        mean = frag.is_embedding or self.cfg.merge == "mean"
-        delta = merge_flat(self.theta[p], [pend[i].theta for i in ids], weights, sizes, mean)
         total = sum(weights)
-        scale = self.round_weight.scale(p, total)
-        if scale != 1.0:
-            delta.mul_(scale)
-        outer_state = dataclasses.replace(self.outer_state[p])  # committed with the merge
-        theta = self.outer.step(self.theta[p], delta, outer_state)
         v = self.version[p] + 1
         included = tuple((i, pend[i].c.seq) for i in ids)
-        try:
-            update, public = self.delivery.broadcast(p, v, theta, included, now)
+        try:  # merge, outer step, broadcast encode (round_values.py: reference or fused)
+            got = close_values(self, p, [pend[i].theta for i in ids], weights, included, now)
         except codec.CodecError as exc:  # never committed: the round is dropped
             return self._drop(now, p, ids, str(exc))
+        update, scale = got.update, got.scale
         frame = update.payload if update.kind == UpdateKind.DELTA else None
-        self.state.commit(p, theta, public, outer_state, frame)
+        self.state.commit(p, got.theta, got.public, got.outer_state, frame)
         self.round_weight.committed(p, total)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
         event = RoundClosed(
@@ -417,12 +412,29 @@ class SyncerProtocol:
         sends = [Send(lid, update) for lid in sorted(self.live)]
         return [Commit(p, v), *sends, Event(now, "syncer", event)]
 
-    def _recycle(self, thetas: list[torch.Tensor]) -> None:
+    def _base_absmax(self, base: torch.Tensor) -> float:
+        """max |base| of a public value contributions are taken from, once per tensor (the
+        newest few are kept: a round's contributions share one or two bases)."""
+        key = id(base)
+        hit = self._absmax.get(key)
+        if hit is not None and hit[0]() is base:
+            return hit[1]
+        top = float(base.abs().max()) if base.numel() else 0.0
+        if len(self._absmax) >= 8:
+            self._absmax.pop(next(iter(self._absmax)))
+        self._absmax[key] = (weakref.ref(base), top)
+        return top
+
+    def _recycle(self, thetas: list) -> None:
         """A closed round's decode buffers serve the next contributions, of any fragment
         (fresh memory costs a page fault per 4 KiB on its first write: ~20 ms per 16M values;
         a buffer smaller than a fragment's frame is not used for it, codec.decode_from)."""
         for t in thetas:  # an int frame's values: a view of its buffer (codec.decode_from)
-            if t._base is not None and len(self._spare) < len(self.live):
+            if (
+                isinstance(t, torch.Tensor)
+                and t._base is not None
+                and len(self._spare) < len(self.live)
+            ):
                 self._spare.append(t._base)
 
     def _reset_round(self, p: int) -> None:

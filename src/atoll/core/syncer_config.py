@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from atoll.core import fused
 from atoll.core.choices import check_choices
 from atoll.errors import ConfigError
 
@@ -32,6 +33,11 @@ class SyncerConfig:
     schedule: str = "pull"  # "pull": the syncer paces rounds; "push": learners' step counts
     codec: str = ""  # the learners' codec: contributions in another are refused ('' = any)
     guard: float = 10.0  # magnitude guard factor (core/guard.py); 0 = off
+    # the round's data path (core/fused.py): numba kernels for large fragments ("auto"), for
+    # every fragment ("on"), or the torch reference path ("off"); on `syncer_threads` threads
+    # ("auto": every core the process may use)
+    fused: str = "auto"
+    syncer_threads: str = "auto"
 
     def validate(self) -> None:
         check_choices(self, empty_ok=("codec",))  # the learners' codec: '' = any
@@ -45,3 +51,4 @@ class SyncerConfig:
             raise ConfigError("history_bytes", self.history_bytes, "0 (no bound) or bytes > 0")
         if not (self.guard == 0 or 1 < self.guard < math.inf):
             raise ConfigError("guard", self.guard, "0 (off) or a number > 1")
+        fused.check(self.fused, self.syncer_threads)

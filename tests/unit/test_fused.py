@@ -1,0 +1,234 @@
+"""The fused round (core/fused.py, numba) against the torch reference path: the same values
+(float32 steps bit for bit; what passes through a float64 norm within its rounding), the same
+frame bytes for the same input, the same refusals with nothing changed, and the same result on
+1 and 2 threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atoll.core import codec, fused, merge
+from atoll.core.fragments import make_plan
+from atoll.core.messages import Contribution
+from atoll.core.syncer import SyncerProtocol
+from atoll.core.syncer_config import SyncerConfig
+from atoll.errors import ConfigError
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def k():
+    fused.configure("on", "1")
+    kernels = fused.kernels(1)
+    assert kernels is not None, "numba kernels did not load"
+    yield kernels
+    fused.configure("auto", "auto")
+
+
+sizes_st = st.lists(st.integers(1, 300), min_size=1, max_size=4)
+groups = st.sampled_from([64, 7, 1])
+
+
+def _vec(n: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return scale * torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2000), scheme=st.sampled_from(["int4", "int8"]), group=groups,
+       seed=st.integers(0, 99))  # fmt: skip
+def test_a_decoded_contribution_is_the_references_bit_for_bit(k, n, scheme, group, seed):
+    base = _vec(n, seed)
+    frame = codec.encode(_vec(n, seed + 1, 0.01), scheme, group)
+    fused.configure("off", "1")
+    want, want_norm = codec.decode_from(frame, base)
+    fused.configure("on", "1")
+    got, norm = codec.decode_from(frame, base)
+    assert torch.equal(got, want)
+    assert norm == pytest.approx(want_norm, rel=1e-12)
+
+
+def _merge_both(k, theta, values, weights, sizes, mean):
+    want = merge.merge_flat(theta, values, weights, sizes, mean)
+    w = merge.normalized(values, weights)
+    out, tscale = fused.merge(k, theta, values, w, sizes, mean, merge.CANCELLED)
+    start = 0
+    for size, s in zip(sizes, tscale, strict=True):
+        seg = out[start : start + size]
+        seg.zero_() if s == 0.0 else seg.mul_(s)
+        start += size
+    return out, want
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=sizes_st, m=st.integers(1, 5), mean=st.booleans(), seed=st.integers(0, 99),
+       zero=st.booleans(), cancel=st.booleans())  # fmt: skip
+def test_a_merge_is_the_references_within_float_rounding(k, sizes, m, mean, seed, zero, cancel):
+    """RDA and mean; zero outer gradients (a contribution equal to theta) and cancelling
+    ones (two opposite contributions of equal weight)."""
+    n = sum(sizes)
+    theta = _vec(n, seed)
+    values = [theta - _vec(n, seed + 1 + i, 0.01) for i in range(m)]
+    weights = [1.0 + i for i in range(m)]
+    if zero:
+        values[0] = theta.clone()
+    if cancel:
+        d = _vec(n, seed + 50, 0.01)
+        values, weights = [theta - d, theta + d], [1.0, 1.0]
+    got, want = _merge_both(k, theta, values, weights, sizes, mean)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3000), scheme=st.sampled_from(["int4", "int8"]), group=groups,
+       kind=st.sampled_from(["sgd", "nesterov"]), light=st.sampled_from([1.0, 0.37]),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_the_close_gives_the_references_values_and_frame_bytes(
+    k, n, scheme, group, kind, light, seed
+):
+    """For the same merged delta: the outer step's new value, the new public value and the
+    broadcast frame are the reference's, byte for byte."""
+    from atoll.core.outer import OuterOptimizer, OuterState
+
+    theta, public = _vec(n, seed), _vec(n, seed) + _vec(n, seed + 1, 1e-3)
+    delta = _vec(n, seed + 2, 0.01)
+    buf = _vec(n, seed + 3, 0.01) if kind == "nesterov" else None
+    outer = OuterOptimizer(kind, 0.7, 0.9)
+    ref_delta = delta * light if light != 1.0 else delta
+    state = OuterState(buf=None if buf is None else buf.clone())
+    want_theta = outer.step(theta, ref_delta, state)
+    want_frame, sent = codec.encode_sent(want_theta - public, scheme, group)
+    ok, top, new, new_buf, new_public, _sf, body = fused.step_encode(
+        k, theta, delta, [1.0], [n], light, kind, 0.7, 0.9, buf, public, scheme, group,
+        codec.QMAX[scheme],
+    )  # fmt: skip
+    assert ok
+    assert torch.equal(new, want_theta)
+    assert torch.equal(new_public, public + sent)
+    assert codec.framed(scheme, n, max(1, min(group, n)), body) == want_frame
+    if kind == "nesterov":
+        assert torch.equal(new_buf, state.buf)
+
+
+def test_a_merge_that_is_not_finite_is_refused_and_nothing_changes(k):
+    theta, public = _vec(300, 0), _vec(300, 0)
+    delta = _vec(300, 1)
+    delta[5] = float("inf")
+    ok, *_ = fused.step_encode(k, theta, delta, [1.0], [300], 1.0, "sgd", 1.0, 0.9, None,
+                               public, "int4", 64, 7)  # fmt: skip
+    assert not ok
+    huge = torch.full((300,), 3e38)
+    ok, top, *_ = fused.step_encode(k, -huge, huge, [1.0], [300], 1.0, "sgd", 1.0, 0.9, None,
+                                    torch.zeros(300), "int4", 64, 7)  # fmt: skip
+    assert ok is False or top > 3e38  # -3e38 - 3e38 overflows: refused either way
+    with pytest.raises(codec.CodecError):
+        codec.check_encodable(top if ok else float("inf"))
+
+
+def _round(fused_mode: str, outer: str = "sgd", rounds: int = 3, seed: int = 0):
+    """A syncer of two fragments (one an embedding), 3 learners, `rounds` rounds."""
+    fused.configure(fused_mode, "1")
+    shapes = {"emb.weight": (50, 8), "a": (301,), "b": (17, 9)}
+    plan = make_plan(shapes, P=2, H=2, embeddings={"emb.weight"})
+    init = [_vec(f.numel, seed + p) for p, f in enumerate(plan.fragments)]
+    cfg = SyncerConfig(quorum=3, grace=False, schedule="push", outer=outer, fused=fused_mode)
+    syncer = SyncerProtocol(plan, [t.clone() for t in init], cfg)
+    for i in range(3):
+        syncer.on_join(0.0, f"L{i}")
+    for r in range(rounds):
+        for p, f in enumerate(plan.fragments):
+            v = syncer.version[p]
+            for i in range(3):
+                delta = _vec(f.numel, 1000 * r + 10 * p + i, 0.01 * (i + 1))
+                frame = codec.encode(delta, "int4")
+                syncer.on_contribution(1.0 + r, Contribution(f"L{i}", p, r * 3 + i, v, frame,
+                                                             4, 4096 * (i + 1), 1.0, 0.1, 0.4))  # fmt: skip
+    fused.configure("auto", "auto")
+    return syncer
+
+
+@pytest.mark.parametrize("outer", ["sgd", "nesterov"])
+def test_a_syncers_rounds_are_the_references_within_float_rounding(k, outer):
+    ref, got = _round("off", outer), _round("on", outer)
+    assert ref.version == got.version == [3, 3]
+    for p in range(2):
+        torch.testing.assert_close(got.theta[p], ref.theta[p], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.public[p], ref.public[p], rtol=1e-5, atol=1e-3)
+
+
+def test_one_and_two_threads_give_the_same_bits(k):
+    a = _round("on", "nesterov")
+    fused.configure("on", str(min(2, fused.cores())))
+    b = _round("on", "nesterov")
+    for p in range(2):
+        assert torch.equal(a.theta[p], b.theta[p]) and torch.equal(a.public[p], b.public[p])
+
+
+def test_bad_settings_stop_in_one_line_naming_the_value():
+    with pytest.raises(ConfigError, match="fused='fast' is not allowed: one of auto, on, off"):
+        fused.check("fast", "auto")
+    for bad in ("0", "999", "two"):
+        with pytest.raises(ConfigError, match=rf"syncer_threads='{bad}' is not allowed: auto "
+                           r"or an integer in \[1, \d+\]"):  # fmt: skip
+            SyncerConfig(syncer_threads=bad).validate()
+    assert fused.check("auto", "auto") == fused.cores()
+
+
+def test_kernels_that_cannot_load_fall_back_to_the_reference_with_one_log_line(
+    monkeypatch, caplog
+):
+    """A kernel that cannot be compiled or loaded here (no numba, a broken cache): one line
+    on the syncer's log, and rounds go on by the torch path with the same results."""
+    import sys
+
+    monkeypatch.setattr(fused, "_loaded", {})
+    monkeypatch.setitem(sys.modules, "atoll.core.fused_kernels", None)  # its import fails
+    with caplog.at_level("WARNING", logger="atoll.syncer"):
+        got = _round("on")
+    lines = [r.getMessage() for r in caplog.records if "fused kernels" in r.getMessage()]
+    assert len(lines) == 1 and "rounds take the torch path" in lines[0], lines
+    monkeypatch.setattr(fused, "_loaded", {})
+    ref = _round("off")
+    for p in range(2):
+        assert torch.equal(got.theta[p], ref.theta[p]) and torch.equal(got.public[p], ref.public[p])
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=sizes_st, m=st.integers(1, 4), mean=st.booleans(), group=groups,
+       scheme=st.sampled_from(["int4", "int8"]), seed=st.integers(0, 99))  # fmt: skip
+def test_a_merge_of_packed_contributions_is_the_merge_of_their_decoded_values(
+    k, sizes, m, mean, group, scheme, seed
+):
+    """Contributions held packed (their frames checked, not decoded) and decoded block by
+    block inside the merge give the merge of the decoded values, bit for bit in every float32
+    step (the float64 sums within their rounding); two bases (a stale contribution)."""
+    n = sum(sizes)
+    theta = _vec(n, seed)
+    bases = [theta, theta - _vec(n, seed + 7, 1e-3)]
+    frames = [codec.encode(_vec(n, seed + 1 + i, 0.01), scheme, group) for i in range(m)]
+    packed = [(codec.unpack(f, n), bases[i % 2]) for i, f in enumerate(frames)]
+    dense = [codec.decode_from(f, bases[i % 2])[0] for i, f in enumerate(frames)]
+    w = merge.normalized(dense, [1.0 + i for i in range(m)])
+    got, got_scale = fused.merge(k, theta, packed, w, sizes, mean, merge.CANCELLED)
+    want, want_scale = fused.merge(k, theta, dense, w, sizes, mean, merge.CANCELLED)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-12)
+    assert got_scale == pytest.approx(want_scale, rel=1e-9)
+
+
+def test_a_contribution_that_may_overflow_is_decoded_at_once_and_refused_as_before(k):
+    """A base near the float32 maximum: base - delta may overflow, so the frame is decoded
+    and checked on arrival, as on the reference path (refused: nothing pending)."""
+    fused.configure("on", "1")
+    plan = make_plan({"a": (300,)}, P=1, H=1)
+    syncer = SyncerProtocol(plan, [torch.full((300,), -3.3e38)],
+                            SyncerConfig(quorum=2, grace=False, schedule="push", guard=0))  # fmt: skip
+    syncer.on_join(0.0, "L0")
+    syncer.on_join(0.0, "L1")
+    frame = codec.encode(torch.full((300,), 1e38), "int4")
+    out = syncer.on_contribution(1.0, Contribution("L0", 0, 1, 0, frame, 4, 4096, 1.0, 0.1, 0.4))
+    assert "overflows float32" in str(out[0].data), out
+    assert syncer.pending[0] == {}
+    fused.configure("auto", "auto")
