@@ -9,12 +9,12 @@ the live driver adds only what is about its transport (protocol version, chunkin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container
+from collections.abc import Container
 from dataclasses import dataclass
 
 import torch
 
-from atoll.core import codec, fused
+from atoll.core import codec
 from atoll.core.fragments import FragmentPlan
 from atoll.core.guard import MagnitudeGuard
 from atoll.core.messages import Contribution, Refusal, Rejection
@@ -99,12 +99,10 @@ def check_contribution(
 
 @dataclass(frozen=True)
 class Decoded:
-    """A contribution that passed every check: the learner's value theta_m = base - delta,
-    dense (a tensor), or packed until its round closes (a (codec.Packed, base) pair: the fused
-    merge decodes it block by block, core/fused.py), and the magnitude guard's measure of its
-    delta (recorded once it is accepted)."""
+    """A contribution that passed every check: the learner's value (base - delta) and the
+    magnitude guard's measure of its delta (recorded once it is accepted)."""
 
-    theta: torch.Tensor | tuple[codec.Packed, torch.Tensor]
+    theta: torch.Tensor
     rate: float
 
 
@@ -114,36 +112,19 @@ def decode_checked(
     base: torch.Tensor,
     guard: MagnitudeGuard,
     out: torch.Tensor | None = None,
-    base_absmax: Callable[[torch.Tensor], float] | None = None,
 ) -> Decoded | Rejection:
     """Decode a contribution whose header passed `check_contribution`, against the public
     value `base` of its base version: a payload that does not decode, a delta beyond the
     magnitude guard (core/guard.py) or one that overflows float32 is refused. `out`: a
-    buffer to decode into (`codec.decode_from`). With `base_absmax` (max |base|, which the
-    caller may cache per version), an int frame the fused kernels take stays packed when
-    base - delta cannot overflow (|base| + the frame's bound <= the float32 maximum): only its
-    norm is taken now."""
-    flat = base.reshape(-1)
-    try:
-        k = fused.kernels(numel) if base_absmax is not None else None
-        packed = codec.unpack(c.payload, numel) if k is not None else None
-        if packed is not None:
-            norm = fused.packed_norm(k, packed)
-        else:  # one pass: decoded, measured and taken from the base
-            theta, norm = codec.decode_from(c.payload, flat, out)
+    buffer to decode into (`codec.decode_from`)."""
+    try:  # one pass: decoded, measured, taken from the base and checked finite
+        theta, norm, finite = codec.decode_from(c.payload, base.reshape(-1), out)
     except codec.CodecError as exc:
         return Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
-    if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
-        return Rejection(Refusal.PAYLOAD, "bad payload: payload holds non-finite values")
     rate = guard.rate_of(c.fragment, norm, c.steps)
     bad = guard.check(c.fragment, rate, base)
     if bad is not None:
         return bad
-    if packed is not None and base_absmax is not None:
-        bound = packed.top * codec.QBOUND[packed.scheme]
-        if bound + base_absmax(flat) <= codec.FLT_MAX:  # base - delta is finite
-            return Decoded((packed, flat), rate)
-        theta = packed.decode_from(flat, out)
-    if not codec.all_finite(theta):
+    if not (finite if finite is not None else codec.all_finite(theta)):
         return Rejection(Refusal.MAGNITUDE, "base - delta overflows float32")
     return Decoded(theta, rate)

@@ -236,60 +236,31 @@ def decode(
 
 def decode_from(
     frame: bytes, base: torch.Tensor, out: torch.Tensor | None = None
-) -> tuple[torch.Tensor, float]:
-    """(base - the frame's values, the norm of those values), checked as `decode` checks;
-    an int frame in one pass (its values are never whole in memory). `base`: flat float32;
-    `out`: a float32 buffer to write into (used when it holds the frame's groups), else a
-    new one: the values are then a view of that buffer."""
+) -> tuple[torch.Tensor, float, bool | None]:
+    """(base - the frame's values, the norm of those values, whether base - values is all
+    finite: None when not checked here), checked as `decode` checks; an int frame in one pass
+    (its values are never whole in memory; with the fused kernels, core/fused.py, the
+    finiteness in the same pass). `base`: flat float32; `out`: a float32 buffer to write into
+    (used when it holds the frame's groups), else a new one: the values are then a view of
+    that buffer."""
     scheme, numel, group, raw = _body(frame, base.numel(), MAX_NUMEL)
     if scheme not in QMAX or numel == 0:
         delta = decode(frame, base.numel())
         norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
-        return torch.sub(base, delta, out=delta), norm
+        return torch.sub(base, delta, out=delta), norm, None
     n_groups, sf, _top = _scales(raw, numel, group)
     if out is None or out.numel() < n_groups * group:
         out = torch.empty(n_groups * group)
     k = fused.kernels(numel)
+    finite = None
     if k is not None:  # one pass (core/fused.py), the same values
-        sq = fused.decode_sub(k, raw[2 * n_groups :], sf, group, scheme, base, out)
+        sq, finite = fused.decode_sub(k, raw[2 * n_groups :], sf, group, scheme, base, out)
     else:
         sq = quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base)
     norm = math.sqrt(sq)
     if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
         raise CodecError("payload holds non-finite values")
-    return out[:numel], norm
-
-
-@dataclass(frozen=True)
-class Packed:
-    """An int frame checked (every field, the checksum, the scales) and unpacked, its values
-    not yet decoded: `decode` would make them q * sf of each group. What the syncer holds of a
-    contribution until its round closes (the kernels decode it there: core/fused.py)."""
-
-    scheme: str
-    numel: int
-    group: int
-    q: torch.Tensor  # the body's quantized values (uint8: int4 two a byte, or int8)
-    sf: torch.Tensor  # one float32 scale per group
-    top: float  # the largest |scale|: every value is within top * QBOUND[scheme]
-
-    def decode_from(self, base: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """base - its values (the reference path: core/quant.py), into `out` when it holds
-        the frame's groups."""
-        n_groups = self.sf.numel()
-        if out is None or out.numel() < n_groups * self.group:
-            out = torch.empty(n_groups * self.group)
-        quant.dequantize(self.q, self.sf, self.group, self.scheme, out, base)
-        return out[: self.numel]
-
-
-def unpack(frame: bytes, expect_numel: int) -> Packed | None:
-    """The frame checked as `decode` checks it, unpacked (None: not an int frame, or empty)."""
-    scheme, numel, group, raw = _body(frame, expect_numel, MAX_NUMEL)
-    if scheme not in QMAX or numel == 0:
-        return None
-    n_groups, sf, top = _scales(raw, numel, group)
-    return Packed(scheme, numel, group, raw[2 * n_groups :], sf, top)
+    return out[:numel], norm, finite
 
 
 def _scales(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tensor, float]:

@@ -110,10 +110,6 @@ def _warm(k: Any) -> None:
     b = np.zeros(1, dtype=np.int64)
     k.diff_squares(f, vals, b, b + 4)
     k.weighted_sum(f, vals, np.ones((1, 1)), b, b, b + 4, f.copy())
-    q, sf = np.zeros(2, dtype=np.uint8), np.ones(1, dtype=np.float32)
-    packed = (List([q]), List([sf]), vals, b + 4, np.ones(1, dtype=np.bool_))
-    k.diff_squares_packed(f, *packed, b, b + 4)
-    k.weighted_sum_packed(f, *packed, np.ones((1, 1)), b, b, b + 4, f.copy())
     k.step_encode(f, f, np.ones(1, dtype=np.float32), b + 4, np.float32(1), 0, np.float32(1),
                   np.float32(0.9), f, f, 4, 7, True, f.copy(), f.copy(), f.copy(),
                   np.ones(1, dtype=np.float32), np.zeros(2, dtype=np.uint8), 4)  # fmt: skip
@@ -126,12 +122,14 @@ def _np(t: torch.Tensor) -> Any:
 def decode_sub(
     k: Any, body: torch.Tensor, sf: torch.Tensor, group: int, scheme: str,
     base: torch.Tensor, out: torch.Tensor,
-) -> float:  # fmt: skip
-    """out[:n] = base - the body's values (n = base.numel()); the sum of their squares."""
+) -> tuple[float, bool]:  # fmt: skip
+    """out[:n] = base - the body's values (n = base.numel()): (the sum of the values'
+    squares, whether every out value is finite)."""
     n = base.numel()
     with _lock:
-        part = k.decode_sub(_np(body), _np(sf), group, scheme == "int4", _np(base), _np(out), n)
-    return float(part.sum())  # the blocks' partials, in block order
+        part, finite = k.decode_sub(_np(body), _np(sf), group, scheme == "int4", _np(base),
+                                    _np(out), n)  # fmt: skip
+    return float(part.sum()), bool(finite.all())  # the blocks' partials, in block order
 
 
 def _blocks(k: Any, sizes: Sequence[int]) -> tuple[Any, Any, Any]:
@@ -158,25 +156,12 @@ def _per_tensor(part: Any, bt: Any, t_count: int) -> list[float]:
     return out
 
 
-def packed_norm(k: Any, pk: Any) -> float:
-    """The norm of a packed frame's values (codec.Packed), as `decode_sub` measures it."""
-    import numpy as np
-
-    none = np.zeros(0, dtype=np.float32)
-    with _lock:
-        part = k.decode_sub(_np(pk.q), _np(pk.sf), pk.group, pk.scheme == "int4", none, none,
-                            pk.numel)  # fmt: skip
-    return float(part.sum()) ** 0.5
-
-
 def merge(
-    k: Any, theta: torch.Tensor, values: Sequence[Any], w: Sequence[float],
+    k: Any, theta: torch.Tensor, values: Sequence[torch.Tensor], w: Sequence[float],
     sizes: Sequence[int], mean: bool, cancelled: float,
 ) -> tuple[torch.Tensor, list[float]]:  # fmt: skip
-    """`merge.merge_flat` before its last step: (sum_m c[m,t] (theta - theta_m) as float32,
-    the factor of each tensor t to multiply it by). `values`: each theta_m, dense (a tensor)
-    or packed (a (codec.Packed, base) pair: theta_m = base - its values, decoded block by block
-    in both passes, never whole); `w`: the normalized weights."""
+    """`merge.merge_flat` before its last step: (sum_m c[m,t] (theta - values[m]) as float32,
+    the factor of each tensor t to multiply it by). `w`: the normalized weights."""
     import numpy as np
     from numba.typed import List
 
@@ -184,32 +169,16 @@ def merge(
     m_count, t_count = len(values), len(sizes)
     th = _np(theta)
     out = torch.empty(theta.numel(), dtype=torch.float32)
-    if all(isinstance(v, torch.Tensor) for v in values):
-        vals = List([_np(v) for v in values])
+    vals = List([_np(v) for v in values])
 
-        def sums(coef: Any) -> Any:
-            return k.weighted_sum(th, vals, coef, bt, bs, be, _np(out))
-
-        def squares() -> Any:
-            return k.diff_squares(th, vals, bs, be)
-    else:
-        packs = [v[0] for v in values]
-        args = (List([_np(p.q) for p in packs]), List([_np(p.sf) for p in packs]),
-                List([_np(v[1]) for v in values]),
-                np.array([p.group for p in packs], dtype=np.int64),
-                np.array([p.scheme == "int4" for p in packs]))  # fmt: skip
-
-        def sums(coef: Any) -> Any:
-            return k.weighted_sum_packed(th, *args, coef, bt, bs, be, _np(out))
-
-        def squares() -> Any:
-            return k.diff_squares_packed(th, *args, bs, be)
+    def sums(coef: Any) -> Any:
+        return k.weighted_sum(th, vals, coef, bt, bs, be, _np(out))
 
     with _lock:
         if mean:
             sums(np.repeat(np.asarray(w, dtype=np.float64)[:, None], t_count, axis=1))
             return out, [1.0] * t_count
-        sq = squares()
+        sq = k.diff_squares(th, vals, bs, be)
         norms = [[s**0.5 for s in _per_tensor(sq[m], bt, t_count)] for m in range(m_count)]
         coef = np.array([[w[m] / n if n > 0 else 0.0 for n in norms[m]] for m in range(m_count)])
         dn = [s**0.5 for s in _per_tensor(sums(coef), bt, t_count)]

@@ -22,16 +22,17 @@ _F32_TINY = np.float32(1.1754943508222875e-38)
 @njit(cache=True, nogil=True, parallel=True)
 def decode_sub(body, sf, group, int4, base, out, n):  # pragma: no cover - compiled
     """out[i] = base[i] - q[i] * sf[i // group] for the quantized body (int4: two values a
-    byte, low nibble first, each + 8; int8: one signed byte); per block of whole groups, the
-    float64 sum of the decoded values' squares (what the magnitude guard reads). An empty
-    `out`: only the sums (the frame stays packed: checks.py)."""
-    write = out.size > 0
+    byte, low nibble first, each + 8; int8: one signed byte). Per block of whole groups: the
+    float64 sum of the decoded values' squares (what the magnitude guard reads), and whether
+    every out[i] is finite."""
     n_groups = (n + group - 1) // group
     per = max(2, (BLOCK // group) // 2 * 2)
     nb = (n_groups + per - 1) // per
     part = np.zeros(nb)
+    finite = np.ones(nb, dtype=np.bool_)
     for b in prange(nb):
         acc = 0.0
+        big = np.float32(0.0)  # max |out|: NaN or inf make it fail `<= max`
         for g in range(b * per, min((b + 1) * per, n_groups)):
             scale = sf[g]
             g0 = g * group
@@ -42,9 +43,11 @@ def decode_sub(body, sf, group, int4, base, out, n):  # pragma: no cover - compi
                     lo = (np.float32(byte & 15) - np.float32(8.0)) * scale
                     hi = (np.float32(byte >> 4) - np.float32(8.0)) * scale
                     acc += np.float64(lo) * np.float64(lo) + np.float64(hi) * np.float64(hi)
-                    if write:
-                        out[2 * j] = base[2 * j] - lo
-                        out[2 * j + 1] = base[2 * j + 1] - hi
+                    a = base[2 * j] - lo
+                    c = base[2 * j + 1] - hi
+                    out[2 * j] = a
+                    out[2 * j + 1] = c
+                    big = max(big, abs(a), abs(c))
                 continue
             for i in range(g0, g1):
                 if int4:
@@ -54,10 +57,12 @@ def decode_sub(body, sf, group, int4, base, out, n):  # pragma: no cover - compi
                     q = np.float32(x - ((x >> 7) << 8))
                 v = q * scale
                 acc += np.float64(v) * np.float64(v)
-                if write:
-                    out[i] = base[i] - v
+                a = base[i] - v
+                out[i] = a
+                big = max(big, abs(a))
         part[b] = acc
-    return part
+        finite[b] = big <= _F32_MAX
+    return part, finite
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -98,71 +103,6 @@ def weighted_sum(theta, values, coef, bt, bs, be, out):  # pragma: no cover - co
             a = acc[i - s]
             sq += a * a
             out[i] = np.float32(a)
-        part[b] = sq
-    return part
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _diff(theta, q, sf, base, group, int4, s, e, d):  # pragma: no cover - compiled
-    """d[i - s] = theta[i] - (base[i] - the packed value i), for i in [s, e): the outer
-    gradient of a packed contribution, in the reference's float32 steps."""
-    g = s // group
-    i = s
-    while i < e:
-        j = min(e, (g + 1) * group)
-        scale = sf[g]
-        for ii in range(i, j):
-            if int4:
-                qv = np.float32((q[ii >> 1] >> ((ii & 1) * 4)) & 15) - np.float32(8.0)
-            else:
-                x = np.int32(q[ii])
-                qv = np.float32(x - ((x >> 7) << 8))
-            d[ii - s] = theta[ii] - (base[ii] - qv * scale)
-        i = j
-        g += 1
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def diff_squares_packed(theta, qs, sfs, bases, groups, int4s, bs, be):  # pragma: no cover
-    """`diff_squares` of packed contributions (each decoded block by block, never whole)."""
-    m_count = len(qs)
-    part = np.zeros((m_count, len(bs)))
-    for b in prange(len(bs)):
-        s, e = bs[b], be[b]
-        d = np.empty(e - s, dtype=np.float32)
-        for m in range(m_count):
-            _diff(theta, qs[m], sfs[m], bases[m], groups[m], int4s[m], s, e, d)
-            acc = 0.0
-            for i in range(e - s):
-                x = np.float64(d[i])
-                acc += x * x
-            part[m, b] = acc
-    return part
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def weighted_sum_packed(
-    theta, qs, sfs, bases, groups, int4s, coef, bt, bs, be, out
-):  # pragma: no cover - compiled
-    """`weighted_sum` of packed contributions."""
-    m_count = len(qs)
-    part = np.zeros(len(bs))
-    for b in prange(len(bs)):
-        t, s, e = bt[b], bs[b], be[b]
-        d = np.empty(e - s, dtype=np.float32)
-        acc = np.zeros(e - s)
-        for m in range(m_count):
-            c = coef[m, t]
-            if c == 0.0:
-                continue
-            _diff(theta, qs[m], sfs[m], bases[m], groups[m], int4s[m], s, e, d)
-            for i in range(e - s):
-                acc[i] += c * np.float64(d[i])
-        sq = 0.0
-        for i in range(e - s):
-            a = acc[i]
-            sq += a * a
-            out[s + i] = np.float32(a)
         part[b] = sq
     return part
 

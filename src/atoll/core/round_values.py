@@ -39,7 +39,7 @@ def close_values(
     included: tuple, now: float,
 ) -> RoundValues:  # fmt: skip
     """The round of fragment p of `proto` (a SyncerProtocol) over the contributions' values
-    `values` (theta_m, dense or packed: checks.Decoded) with their `weights`."""
+    `values` (theta_m) with their `weights`."""
     cfg = proto.cfg
     frag = proto.plan.fragments[p]
     sizes = [int(torch.Size(s).numel()) for s in frag.shapes]
@@ -51,9 +51,6 @@ def close_values(
     k = None
     if proto.outer.kind in ("sgd", "nesterov") and cfg.down_codec in ("int4", "int8"):
         k = fused.kernels(theta.numel())
-    packed = [isinstance(v, tuple) for v in values]  # (codec.Packed, base): checks.Decoded
-    if k is None or (any(packed) and not all(packed)):  # (a mixed round: all made dense)
-        values = [v[0].decode_from(v[1]) if isinstance(v, tuple) else v for v in values]
     if k is None:
         delta = merge.merge_flat(theta, values, weights, sizes, mean)
         if scale != 1.0:

@@ -36,7 +36,6 @@ Closing a round for fragment p:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +92,7 @@ PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that cov
 
 @dataclass
 class _Pending:
-    theta: torch.Tensor | tuple[codec.Packed, torch.Tensor]  # dense, or packed (checks.py)
+    theta: torch.Tensor
     weight: float
     c: Contribution
     staleness: int
@@ -146,7 +145,6 @@ class SyncerProtocol:
         # decode buffers of closed rounds, for the next contributions of any fragment: at most
         # one per live learner in all (per fragment they would hold M * 4N bytes)
         self._spare: list[torch.Tensor] = []
-        self._absmax: dict[int, tuple[weakref.ref, float]] = {}  # (base, max |base|) by id
         self.end = end or RunEnd(TokenBudget(0))
 
     # -- the durable state (atoll.core.state) -------------------------------------------------
@@ -275,9 +273,8 @@ class SyncerProtocol:
         ) or self._elsewhere(p)
         spare = self._spare.pop() if not bad and self._spare else None
         got = bad or decode_checked(  # (only once the header passed)
-            c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard, spare,
-            self._base_absmax,
-        )  # fmt: skip
+            c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard, spare
+        )
         if isinstance(got, Rejection):
             if spare is not None:
                 self._spare.append(spare)
@@ -412,20 +409,7 @@ class SyncerProtocol:
         sends = [Send(lid, update) for lid in sorted(self.live)]
         return [Commit(p, v), *sends, Event(now, "syncer", event)]
 
-    def _base_absmax(self, base: torch.Tensor) -> float:
-        """max |base| of a public value contributions are taken from, once per tensor (the
-        newest few are kept: a round's contributions share one or two bases)."""
-        key = id(base)
-        hit = self._absmax.get(key)
-        if hit is not None and hit[0]() is base:
-            return hit[1]
-        top = float(base.abs().max()) if base.numel() else 0.0
-        if len(self._absmax) >= 8:
-            self._absmax.pop(next(iter(self._absmax)))
-        self._absmax[key] = (weakref.ref(base), top)
-        return top
-
-    def _recycle(self, thetas: list) -> None:
+    def _recycle(self, thetas: list[torch.Tensor]) -> None:
         """A closed round's decode buffers serve the next contributions, of any fragment
         (fresh memory costs a page fault per 4 KiB on its first write: ~20 ms per 16M values;
         a buffer smaller than a fragment's frame is not used for it, codec.decode_from)."""
