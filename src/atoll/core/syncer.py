@@ -116,6 +116,9 @@ class SyncerProtocol:
         self.cfg = cfg = config or SyncerConfig()
         cfg.validate()
         fused.configure(cfg.fused, cfg.syncer_threads)  # the round's data path, this process's
+        # its kernels loaded now when a fragment will take them (a first load in a round would
+        # hold the round's caller for a second, or for the compile on a fresh install)
+        fused.kernels(max((f.numel for f in plan.fragments), default=0))
         if len(init) != plan.P:
             raise ValueError(f"need {plan.P} initial fragment values, got {len(init)}")
         self.owned = frozenset(range(plan.P)) if owned is None else frozenset(owned)
