@@ -15,8 +15,7 @@ import torch
 from atoll.cli import main
 from atoll.config import LiveConfig
 from atoll.errors import ConfigError
-from atoll.live.learner.devices import backend_for, learner_device
-from atoll.live.learner.island import island_device
+from atoll.live.learner.devices import backend_for, island_device, learner_device
 
 
 def on(*devices: str) -> list:

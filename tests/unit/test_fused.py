@@ -38,7 +38,7 @@ def _vec(n: int, seed: int, scale: float = 1.0) -> torch.Tensor:
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 2000), scheme=st.sampled_from(["int4", "int8"]), group=groups,
+@given(n=st.integers(1, 2000), scheme=st.sampled_from(["int4", "int8", "bf16"]), group=groups,
        seed=st.integers(0, 99))  # fmt: skip
 def test_a_decoded_contribution_is_the_references_bit_for_bit(k, n, scheme, group, seed):
     base = _vec(n, seed)
@@ -112,6 +112,16 @@ def test_the_close_gives_the_references_values_and_frame_bytes(
     assert codec.framed(scheme, n, max(1, min(group, n)), body) == want_frame
     if kind == "nesterov":
         assert torch.equal(new_buf, state.buf)
+
+
+def test_a_bf16_payload_that_is_not_finite_is_refused_as_by_the_reference(k):
+    body = bytearray(torch.ones(300).to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+    body[20:22] = b"\xc0\x7f"  # a NaN, in a well-formed frame (its checksum its own)
+    frame = codec.framed("bf16", 300, 1, bytes(body), compress=False)
+    for mode in ("off", "on"):
+        fused.configure(mode, "1")
+        with pytest.raises(codec.CodecError, match="payload holds non-finite values"):
+            codec.decode_from(frame, torch.zeros(300))
 
 
 def test_a_merge_that_is_not_finite_is_refused_and_nothing_changes(k):

@@ -244,6 +244,14 @@ def decode_from(
     (used when it holds the frame's groups), else a new one: the values are then a view of
     that buffer."""
     scheme, numel, group, raw = _body(frame, base.numel(), MAX_NUMEL)
+    k = fused.kernels(numel) if numel else None
+    if scheme == "bf16" and k is not None:  # one pass (core/fused.py), the same values
+        if out is None or out.numel() < numel:
+            out = torch.empty(numel)
+        sq, values_ok, finite = fused.decode_sub_bf16(k, raw, base, out)
+        if not values_ok:
+            raise CodecError("payload holds non-finite values")
+        return out[:numel], math.sqrt(sq), finite
     if scheme not in QMAX or numel == 0:
         delta = decode(frame, base.numel())
         norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
@@ -251,7 +259,6 @@ def decode_from(
     n_groups, sf, _top = _scales(raw, numel, group)
     if out is None or out.numel() < n_groups * group:
         out = torch.empty(n_groups * group)
-    k = fused.kernels(numel)
     finite = None
     if k is not None:  # one pass (core/fused.py), the same values
         sq, finite = fused.decode_sub(k, raw[2 * n_groups :], sf, group, scheme, base, out)

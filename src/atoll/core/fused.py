@@ -104,6 +104,8 @@ def _warm(k: Any) -> None:
 
     f = np.zeros(4, dtype=np.float32)
     k.decode_sub(np.zeros(2, dtype=np.uint8), np.ones(1, dtype=np.float32), 4, True, f, f, 4)
+    g = f.copy()
+    k.decode_sub_bf16(np.zeros(4, dtype=np.uint16), f, g, g.view(np.uint32), 4)
     from numba.typed import List
 
     vals = List([f])
@@ -130,6 +132,19 @@ def decode_sub(
         part, finite = k.decode_sub(_np(body), _np(sf), group, scheme == "int4", _np(base),
                                     _np(out), n)  # fmt: skip
     return float(part.sum()), bool(finite.all())  # the blocks' partials, in block order
+
+
+def decode_sub_bf16(
+    k: Any, raw: torch.Tensor, base: torch.Tensor, out: torch.Tensor
+) -> tuple[float, bool, bool]:
+    """out[:n] = base - the bf16 body's values: (the sum of the values' squares, whether
+    every value is finite, whether every out value is)."""
+    n = base.numel()
+    o = _np(out)
+    with _lock:
+        part, ok_in, ok_out = k.decode_sub_bf16(_np(raw.view(torch.int16)).view("uint16"),
+                                                _np(base), o, o.view("uint32"), n)  # fmt: skip
+    return float(part.sum()), bool(ok_in.all()), bool(ok_out.all())
 
 
 def _blocks(k: Any, sizes: Sequence[int]) -> tuple[Any, Any, Any]:

@@ -32,7 +32,7 @@ def decode_sub(body, sf, group, int4, base, out, n):  # pragma: no cover - compi
     finite = np.ones(nb, dtype=np.bool_)
     for b in prange(nb):
         acc = 0.0
-        big = np.float32(0.0)  # max |out|: NaN or inf make it fail `<= max`
+        fin = True  # every |out| <= the float32 maximum (NaN fails the comparison)
         for g in range(b * per, min((b + 1) * per, n_groups)):
             scale = sf[g]
             g0 = g * group
@@ -47,7 +47,7 @@ def decode_sub(body, sf, group, int4, base, out, n):  # pragma: no cover - compi
                     c = base[2 * j + 1] - hi
                     out[2 * j] = a
                     out[2 * j + 1] = c
-                    big = max(big, abs(a), abs(c))
+                    fin = fin & (abs(a) <= _F32_MAX) & (abs(c) <= _F32_MAX)
                 continue
             for i in range(g0, g1):
                 if int4:
@@ -59,10 +59,37 @@ def decode_sub(body, sf, group, int4, base, out, n):  # pragma: no cover - compi
                 acc += np.float64(v) * np.float64(v)
                 a = base[i] - v
                 out[i] = a
-                big = max(big, abs(a))
+                fin = fin & (abs(a) <= _F32_MAX)
         part[b] = acc
-        finite[b] = big <= _F32_MAX
+        finite[b] = fin
     return part, finite
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def decode_sub_bf16(bits, base, out, out_bits, n):  # pragma: no cover - compiled
+    """out[i] = base[i] - the bf16 value bits[i] (exactly its float32: the bits shifted up;
+    `out_bits` is `out` viewed as uint32). Per block: the float64 sum of the values' squares,
+    whether every value is finite, whether every out[i] is."""
+    nb = (n + BLOCK - 1) // BLOCK
+    part = np.zeros(nb)
+    ok_in = np.ones(nb, dtype=np.bool_)
+    ok_out = np.ones(nb, dtype=np.bool_)
+    for b in prange(nb):
+        acc = 0.0
+        fin_in = True
+        fin_out = True
+        for i in range(b * BLOCK, min(b * BLOCK + BLOCK, n)):
+            out_bits[i] = np.uint32(bits[i]) << np.uint32(16)
+            v = out[i]
+            acc += np.float64(v) * np.float64(v)
+            a = base[i] - v
+            out[i] = a
+            fin_in = fin_in & (abs(v) <= _F32_MAX)
+            fin_out = fin_out & (abs(a) <= _F32_MAX)
+        part[b] = acc
+        ok_in[b] = fin_in
+        ok_out[b] = fin_out
+    return part, ok_in, ok_out
 
 
 @njit(cache=True, nogil=True, parallel=True)

@@ -1,8 +1,12 @@
-"""Which device the built-in learner (`atoll learner`, `atoll run`'s learners) trains on, and
-which torch.distributed backend its island's ranks use: both from the `device` setting and
-what the host has, so that NCCL is never chosen for a model left on the CPU."""
+"""Devices by the user's model, not by defaults: where an island's own tensors go (by its
+parameters and its group's backend), and which device the built-in learner (`atoll learner`,
+`atoll run`'s learners) trains on and which backend its island's ranks use (by the `device`
+setting and what the host has, so that NCCL is never chosen for a model left on the CPU)."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterable
 
 import torch
 
@@ -38,3 +42,39 @@ def learner_device(
 def backend_for(device: torch.device) -> str:
     """The island's process-group backend for ranks on `device`: NCCL for GPUs, gloo else."""
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def island_device(
+    backend: str, params: Iterable[torch.Tensor], local_rank: int | None = None
+) -> torch.device:
+    """The device of the tensors an island hands its collectives (commands, token counts,
+    pickled objects), by what the group's backend carries:
+
+    - a backend that carries CPU tensors (gloo, or a mixed "cpu:gloo,cuda:nccl" group): the CPU;
+    - NCCL alone: the parameters' GPU (the user's `.to(f"cuda:{local_rank}")`, whatever
+      `torch.cuda.current_device()` says), or `cuda:LOCAL_RANK` for a model without parameters.
+
+    NCCL with parameters off the GPU stops here, naming both, before any collective."""
+    if "gloo" in backend or "mpi" in backend:
+        return torch.device("cpu")
+    devices = {p.device for p in params}
+    if "nccl" not in backend:  # another backend: it carries what the parameters are on
+        return next(iter(devices), torch.device("cpu"))
+    off = sorted(str(d) for d in devices if d.type != "cuda")
+    if off:
+        raise ConfigError(
+            "process group backend",
+            f"nccl with parameters on {', '.join(off)}",
+            "parameters on a GPU for NCCL (model.to(f'cuda:{local_rank}') before atoll.Learner), "
+            "or a gloo group for a CPU model",
+        )
+    if not devices:
+        rank = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", rank)
+    if len(devices) > 1:
+        raise ConfigError(
+            "parameters", ", ".join(sorted(map(str, devices))), "one GPU per rank of an island"
+        )
+    (device,) = devices
+    # "cuda" without an index is the current device: resolved now, while it is the user's
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())

@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from atoll.core.fragments import FlatFragments, FragmentPlan
 from atoll.errors import ConfigError
+from atoll.live.learner.devices import island_device
 
 PLAN, GATHER, SCATTER, END, ABORT = 1, 2, 3, 4, 5
 
@@ -99,42 +100,6 @@ def is_member(group: Any = None) -> bool:
     """Whether this process is a rank of an island other than its talking rank."""
     g = island_group(group)
     return g is not None and dist.get_rank(g) != 0
-
-
-def island_device(
-    backend: str, params: Iterable[torch.Tensor], local_rank: int | None = None
-) -> torch.device:
-    """The device of the tensors an island hands its collectives (commands, token counts,
-    pickled objects), by what the group's backend carries:
-
-    - a backend that carries CPU tensors (gloo, or a mixed "cpu:gloo,cuda:nccl" group): the CPU;
-    - NCCL alone: the parameters' GPU (the user's `.to(f"cuda:{local_rank}")`, whatever
-      `torch.cuda.current_device()` says), or `cuda:LOCAL_RANK` for a model without parameters.
-
-    NCCL with parameters off the GPU stops here, naming both, before any collective."""
-    if "gloo" in backend or "mpi" in backend:
-        return torch.device("cpu")
-    devices = {p.device for p in params}
-    if "nccl" not in backend:  # another backend: it carries what the parameters are on
-        return next(iter(devices), torch.device("cpu"))
-    off = sorted(str(d) for d in devices if d.type != "cuda")
-    if off:
-        raise ConfigError(
-            "process group backend",
-            f"nccl with parameters on {', '.join(off)}",
-            "parameters on a GPU for NCCL (model.to(f'cuda:{local_rank}') before atoll.Learner), "
-            "or a gloo group for a CPU model",
-        )
-    if not devices:
-        rank = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
-        return torch.device("cuda", rank)
-    if len(devices) > 1:
-        raise ConfigError(
-            "parameters", ", ".join(sorted(map(str, devices))), "one GPU per rank of an island"
-        )
-    (device,) = devices
-    # "cuda" without an index is the current device: resolved now, while it is the user's
-    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 class Island:
@@ -236,7 +201,9 @@ class IslandFragments:
         if not self.sharded[p]:
             return self.local.flatten(p, copy)  # equal on every rank: read it here
         self.island.send(GATHER, p)
-        return self.gather(p)
+        whole = self.gather(p)
+        assert whole is not None
+        return whole
 
     def assign(self, p: int, flat: torch.Tensor) -> None:
         self.island.send(SCATTER, p)
@@ -249,22 +216,23 @@ class IslandFragments:
         return torch.device("cpu") if self.sharded[p] else self.local.device(p)
 
     # -- every rank, in the same order ----------------------------------------------------------
-    def gather(self, p: int) -> torch.Tensor:
+    def gather(self, p: int, keep: bool = True) -> torch.Tensor | None:
         """Fragment p, whole, in (pinned, when the shards are on a GPU) host memory: each
         sharded parameter's `full_tensor` (a collective) is made and copied out one at a time,
-        so a GPU holds at most one whole parameter besides its shards."""
+        so a GPU holds at most one whole parameter besides its shards. `keep=False` (the
+        other ranks): only the collectives, nothing kept."""
         f = self.plan.fragments[p]
-        first = self.params[f.names[0]]
-        pin = first.device.type == "cuda"
-        out = torch.empty(f.numel, dtype=torch.float32, pin_memory=pin)
+        pin = keep and self.params[f.names[0]].device.type == "cuda"
+        out = torch.empty(f.numel if keep else 0, dtype=torch.float32, pin_memory=pin)
         off = 0
         for n, k in zip(f.names, f.numels, strict=True):
             t = self.params[n].detach()
             whole = t.full_tensor() if is_sharded(t) else t
-            out[off : off + k].copy_(whole.reshape(-1))
+            if keep:
+                out[off : off + k].copy_(whole.reshape(-1))
             del whole
             off += k
-        return out
+        return out if keep else None
 
     def scatter(self, p: int, flat: torch.Tensor | None = None) -> None:
         """Write fragment p on every rank: `flat` (the talking rank's value) is broadcast, or
@@ -376,7 +344,7 @@ class IslandMember:
             elif self.fragments is None:
                 raise IslandError(f"command {cmd} before the fragment plan")
             elif cmd == GATHER:
-                self.fragments.gather(p)
+                self.fragments.gather(p, keep=False)
             elif cmd == SCATTER:
                 self.fragments.scatter(p)
             else:
