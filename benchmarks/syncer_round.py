@@ -142,12 +142,12 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 3.6), squeeze=False)
     for ax, n in zip(axes[0], sizes, strict=True):
         for scheme in sorted({r["codec"] for r in rows}):
-            for path in sorted({r["path"] for r in rows}):
+            for way in sorted({r["path"] for r in rows}):
                 rs = sorted((r for r in rows if r["numel"] == n and r["codec"] == scheme
-                             and r["path"] == path), key=lambda r: r["M"])  # fmt: skip
-                style = "o-" if path == "fused" else "s:"
+                             and r["path"] == way), key=lambda r: r["M"])  # fmt: skip
+                style = "o-" if way == "fused" else "s:"
                 ax.plot([r["M"] for r in rs], [r["rate"] for r in rs], style,
-                        label=f"{scheme} {path}")  # fmt: skip
+                        label=f"{scheme} {way}")  # fmt: skip
         ax.axhline(0.5, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{n / (1 << 20):g}M values")
