@@ -201,6 +201,18 @@ def step_encode(
             else:
                 sc = _bf16((amax / np.float32(qmax)) * np.float32(1.0 + 2.0**-7), box, bits)
             scales[gi] = sc
+            if int4 and g1 == g0 + group and not (g0 | group) & 1:  # whole bytes, no branch
+                lim = np.float32(qmax)
+                for j in range(g0 >> 1, g1 >> 1):
+                    i = 2 * j
+                    r0 = min(max(np.float32(np.rint(chg[i - g0] / sc)), -lim), lim)
+                    r1 = min(max(np.float32(np.rint(chg[i + 1 - g0] / sc)), -lim), lim)
+                    new_public[i] = public[i] + r0 * sc
+                    new_public[i + 1] = public[i + 1] + r1 * sc
+                    body[j] = np.uint8(np.int32(r0) + 8) | (
+                        np.uint8(np.int32(r1) + 8) << np.uint8(4)
+                    )
+                continue
             for i in range(g0, g0 + group):
                 c = chg[i - g0] if i < g1 else np.float32(0.0)
                 r = min(max(np.float32(np.rint(c / sc)), np.float32(-qmax)), np.float32(qmax))
