@@ -34,6 +34,11 @@ def test_a_live_run_trains_on_a_token_file(tmp_path):
         "eval_batches": 2,
         "lr": 0.01,
         "warmup": 5,
+        # steps of a few ms: the whole run lasts about a heartbeat. Each learner stops on its
+        # share of what its last answer said was left (remaining / live learners); a slower
+        # learner that has not heard, before its share runs out, that a faster one finished
+        # stops short of the budget. Answers every 50 ms keep its share current.
+        "heartbeat_s": 0.05,
     }
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     cmd = [sys.executable, "-m", "atoll.cli", "run", "--out", str(out), "--quiet", *args]
