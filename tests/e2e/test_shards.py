@@ -29,6 +29,14 @@ ENV = {**os.environ, "ATOLL_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
 SETS = ["--set", "learners=2", "--set", "steps=120", "--set", "snapshot_every_s=2"]
 
 
+def _stat(pid: int) -> bytes:
+    """/proc/PID/stat of a process, or a zombie's when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return b"(gone) Z "
+
+
 def _shard_pid(index: int) -> int:
     """The pid of the process running shard `index` of 2."""
     for d in Path("/proc").iterdir():
@@ -78,8 +86,13 @@ def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds
         while {s for _, s in _rounds(tmp_path, shard_of)} != {0, 1}:  # both shards merging
             assert time.time() < until and all(p.poll() is None for p in learners)
             time.sleep(0.2)
+        pid = _shard_pid(1)
+        os.kill(pid, signal.SIGKILL)
+        # its last round may close between a clock read before the kill and the kill itself:
+        # the kill's time is when the process is gone (a zombie writes nothing more)
+        while b") Z " not in _stat(pid):
+            time.sleep(0.01)
         killed_at = time.time()
-        os.kill(_shard_pid(1), signal.SIGKILL)
         for p in learners:
             assert p.wait(150) == 0, (tmp_path / "L0.log").read_text()[-3000:]
         events = read_events(tmp_path / "events.jsonl")
