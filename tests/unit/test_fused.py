@@ -40,22 +40,44 @@ def _vec(n: int, seed: int, scale: float = 1.0) -> torch.Tensor:
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 2000), scheme=st.sampled_from(["int4", "int8", "bf16"]), group=groups,
        seed=st.integers(0, 99))  # fmt: skip
-def test_a_decoded_contribution_is_the_references_bit_for_bit(k, n, scheme, group, seed):
+def test_a_held_contribution_is_the_references_decode(k, n, scheme, group, seed):
+    """A frame held as its body: the values it stands for are the reference's bit for bit,
+    its norm (from the frame alone) within float64 rounding, and it is found finite."""
     base = _vec(n, seed)
     frame = codec.encode(_vec(n, seed + 1, 0.01), scheme, group)
-    fused.configure("off", "1")
     want, want_norm, unchecked = codec.decode_from(frame, base)
-    fused.configure("on", "1")
-    got, norm, finite = codec.decode_from(frame, base)
-    assert torch.equal(got, want)
+    held, norm, finite = codec.decode_from(frame, base, hold=k)
+    assert isinstance(held, fused.Held) and unchecked is None and finite is True
+    assert torch.equal(held.values(), want)
     assert norm == pytest.approx(want_norm, rel=1e-12)
-    assert unchecked is None and finite is True
 
 
-def _merge_both(k, theta, values, weights, sizes, mean):
+def test_a_held_contribution_whose_base_minus_delta_overflows_is_found_so():
+    """The finiteness bound (largest |base| + largest |value|) fails here: the exact check
+    decides, as the reference's does."""
+    k = fused.kernels(1)
+    base = torch.zeros(256)
+    base[3] = 3.3e38
+    delta = torch.zeros(256)
+    delta[3], delta[200] = -1e38, 1e38  # base - delta overflows at 3 only
+    frame = codec.encode(delta, "int8", 64)
+    _held, _norm, finite = codec.decode_from(frame, base, hold=k)
+    assert finite is False
+    delta[3] = 1e38  # the bound fails (3.3e38 + 1e38), the values do not overflow
+    _held, _norm, finite = codec.decode_from(codec.encode(delta, "int8", 64), base, hold=k)
+    assert finite is True
+
+
+def _held(k, theta, deltas, scheme="int4", group=64):
+    """Contributions theta_m = theta - deltas[m], held, and their values."""
+    held = [codec.decode_from(codec.encode(d, scheme, group), theta, hold=k)[0] for d in deltas]
+    return held, [h.values() for h in held]
+
+
+def _merge_both(k, theta, held, values, weights, sizes, mean):
     want = merge.merge_flat(theta, values, weights, sizes, mean)
     w = merge.normalized(values, weights)
-    out, tscale = fused.merge(k, theta, values, w, sizes, mean, merge.CANCELLED)
+    out, tscale = fused.merge(k, theta, held, w, sizes, mean, merge.CANCELLED)
     start = 0
     for size, s in zip(sizes, tscale, strict=True):
         seg = out[start : start + size]
@@ -66,20 +88,25 @@ def _merge_both(k, theta, values, weights, sizes, mean):
 
 @settings(max_examples=40, deadline=None)
 @given(sizes=sizes_st, m=st.integers(1, 5), mean=st.booleans(), seed=st.integers(0, 99),
-       zero=st.booleans(), cancel=st.booleans())  # fmt: skip
-def test_a_merge_is_the_references_within_float_rounding(k, sizes, m, mean, seed, zero, cancel):
-    """RDA and mean; zero outer gradients (a contribution equal to theta) and cancelling
-    ones (two opposite contributions of equal weight)."""
+       zero=st.booleans(), cancel=st.booleans(), scheme=st.sampled_from(["int4", "int8", "bf16"]),
+       group=groups)  # fmt: skip
+def test_a_merge_is_the_references_within_float_rounding(
+    k, sizes, m, mean, seed, zero, cancel, scheme, group
+):
+    """RDA and mean over held contributions of every codec and group size (tensors that do
+    not start on a group); zero outer gradients (a contribution equal to theta) and
+    cancelling ones (two opposite contributions of equal weight)."""
     n = sum(sizes)
     theta = _vec(n, seed)
-    values = [theta - _vec(n, seed + 1 + i, 0.01) for i in range(m)]
+    deltas = [_vec(n, seed + 1 + i, 0.01) for i in range(m)]
     weights = [1.0 + i for i in range(m)]
     if zero:
-        values[0] = theta.clone()
+        deltas[0] = torch.zeros(n)
     if cancel:
         d = _vec(n, seed + 50, 0.01)
-        values, weights = [theta - d, theta + d], [1.0, 1.0]
-    got, want = _merge_both(k, theta, values, weights, sizes, mean)
+        deltas, weights = [d, -d], [1.0, 1.0]
+    held, values = _held(k, theta, deltas, scheme, group)
+    got, want = _merge_both(k, theta, held, values, weights, sizes, mean)
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-9)
 
 
@@ -118,10 +145,26 @@ def test_a_bf16_payload_that_is_not_finite_is_refused_as_by_the_reference(k):
     body = bytearray(torch.ones(300).to(torch.bfloat16).view(torch.int16).numpy().tobytes())
     body[20:22] = b"\xc0\x7f"  # a NaN, in a well-formed frame (its checksum its own)
     frame = codec.framed("bf16", 300, 1, bytes(body), compress=False)
-    for mode in ("off", "on"):
-        fused.configure(mode, "1")
+    for hold in (None, k):
         with pytest.raises(codec.CodecError, match="payload holds non-finite values"):
-            codec.decode_from(frame, torch.zeros(300))
+            codec.decode_from(frame, torch.zeros(300), hold=hold)
+
+
+def test_a_buffer_held_elsewhere_is_never_written_by_a_later_close(k):
+    """A round's old values go to a pool for later closes: one still referenced, or with a
+    view of its memory alive, is not taken; once let go, it is."""
+    n = fused.MIN_VALUES + 7
+    t = torch.ones(n)
+    view = t[1:]
+    fused.give(t)
+    del t
+    assert fused._take(n).data_ptr() != view.data_ptr() - 4
+    ptr = view.data_ptr() - 4
+    del view
+    assert fused._take(n).data_ptr() == ptr
+    other = torch.ones(n)
+    fused.give(other)
+    assert fused._take(n).data_ptr() != other.data_ptr()
 
 
 def test_a_merge_that_is_not_finite_is_refused_and_nothing_changes(k):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Container
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -112,13 +113,16 @@ def decode_checked(
     base: torch.Tensor,
     guard: MagnitudeGuard,
     out: torch.Tensor | None = None,
+    hold: Any = None,
 ) -> Decoded | Rejection:
     """Decode a contribution whose header passed `check_contribution`, against the public
     value `base` of its base version: a payload that does not decode, a delta beyond the
     magnitude guard (core/guard.py) or one that overflows float32 is refused. `out`: a
-    buffer to decode into (`codec.decode_from`)."""
+    buffer to decode into; `hold`: the fused kernels, to keep the frame as it is until the
+    round closes (`codec.decode_from`)."""
     try:  # one pass: decoded, measured, taken from the base and checked finite
-        theta, norm, finite = codec.decode_from(c.payload, base.reshape(-1), out)
+        flat = base if base.dim() == 1 else base.view(-1)
+        theta, norm, finite = codec.decode_from(c.payload, flat, out, hold)
     except codec.CodecError as exc:
         return Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
     rate = guard.rate_of(c.fragment, norm, c.steps)

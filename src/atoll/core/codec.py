@@ -26,7 +26,7 @@ import struct
 import warnings
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import zstandard
@@ -235,23 +235,17 @@ def decode(
 
 
 def decode_from(
-    frame: bytes, base: torch.Tensor, out: torch.Tensor | None = None
-) -> tuple[torch.Tensor, float, bool | None]:
+    frame: bytes, base: torch.Tensor, out: torch.Tensor | None = None, hold: Any = None
+) -> tuple[torch.Tensor | fused.Held, float, bool | None]:
     """(base - the frame's values, the norm of those values, whether base - values is all
     finite: None when not checked here), checked as `decode` checks; an int frame in one pass
-    (its values are never whole in memory; with the fused kernels, core/fused.py, the
-    finiteness in the same pass). `base`: flat float32; `out`: a float32 buffer to write into
-    (used when it holds the frame's groups), else a new one: the values are then a view of
-    that buffer."""
+    (its values are never whole in memory). `base`: flat float32; `out`: a float32 buffer to
+    write into (used when it holds the frame's groups), else a new one: the values are then a
+    view of that buffer. `hold`: the fused kernels (core/fused.py), to keep an int or bf16
+    frame's body as it is (a `fused.Held`, decoded when its round closes) instead."""
     scheme, numel, group, raw = _body(frame, base.numel(), MAX_NUMEL)
-    k = fused.kernels(numel) if numel else None
-    if scheme == "bf16" and k is not None:  # one pass (core/fused.py), the same values
-        if out is None or out.numel() < numel:
-            out = torch.empty(numel)
-        sq, values_ok, finite = fused.decode_sub_bf16(k, raw, base, out)
-        if not values_ok:
-            raise CodecError("payload holds non-finite values")
-        return out[:numel], math.sqrt(sq), finite
+    if hold is not None and numel and scheme in ("int4", "int8", "bf16"):
+        return _held(hold, scheme, numel, group, raw, base)
     if scheme not in QMAX or numel == 0:
         delta = decode(frame, base.numel())
         norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
@@ -259,15 +253,28 @@ def decode_from(
     n_groups, sf, _top = _scales(raw, numel, group)
     if out is None or out.numel() < n_groups * group:
         out = torch.empty(n_groups * group)
-    finite = None
-    if k is not None:  # one pass (core/fused.py), the same values
-        sq, finite = fused.decode_sub(k, raw[2 * n_groups :], sf, group, scheme, base, out)
-    else:
-        sq = quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base)
+    sq = quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base)
     norm = math.sqrt(sq)
     if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
         raise CodecError("payload holds non-finite values")
-    return out[:numel], norm, finite
+    return out[:numel], norm, None
+
+
+def _held(
+    k: Any, scheme: str, numel: int, group: int, raw: torch.Tensor, base: torch.Tensor
+) -> tuple[fused.Held, float, bool]:
+    """`decode_from` of a frame kept as its body: whether base - values is finite follows
+    from the largest |base| and |value| (one exact pass over it when that bound fails)."""
+    sf, top = torch.zeros(0), 0.0
+    if scheme != "bf16":
+        n_groups, sf, scale = _scales(raw, numel, group)
+        raw, top = raw[2 * n_groups :], scale * QBOUND[scheme]
+    held, sq, biggest = fused.hold(k, scheme, numel, group, raw.numpy(), sf.numpy(), base)
+    top = max(top, biggest)
+    if not (math.isfinite(top) and math.isfinite(sq)):  # (nan fails isfinite too)
+        raise CodecError("payload holds non-finite values")
+    finite = top + fused.absmax(base) <= FLT_MAX or all_finite(held.values())
+    return held, math.sqrt(sq), finite
 
 
 def _scales(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tensor, float]:

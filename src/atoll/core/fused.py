@@ -1,6 +1,8 @@
-"""The syncer round's fused data path: numba kernels (core/fused_kernels.py) that decode a
-contribution, merge a round and close it (outer step, broadcast encode with its error carried
-in the public value) in one pass per cache-sized block each, on `syncer_threads` threads.
+"""The syncer round's fused data path: numba kernels (core/fused_kernels.py) that measure a
+contribution from its frame alone and hold it as that frame (`Held`: 0.5 byte a value for
+int4, not 4), then merge a round from the held frames (two passes: the norms, the weighted
+sum) and close it (outer step, broadcast encode with its error carried in the public value)
+in one pass, a cache-sized block at a time, on `syncer_threads` threads.
 
 The torch path (core/quant.py, merge.py, outer.py, delivery.py) stays the reference and the
 fallback: the fused one computes the same float32 values in the same order; its float64 sums
@@ -19,15 +21,20 @@ compiles them (tens of seconds), later processes load them (about a second).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
+import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from atoll.core import quant
 from atoll.errors import ConfigError
 
 FUSED_MODES = ("auto", "on", "off")
@@ -37,6 +44,10 @@ log = logging.getLogger("atoll.syncer")
 _lock = threading.Lock()  # one kernel at a time (numba's default thread pool is not reentrant)
 _mode = {"fused": "auto", "threads": 0}
 _loaded: dict[str, Any] = {}
+_absmax: dict[int, tuple[Any, int, float]] = {}
+_pool: list[torch.Tensor] = []  # buffers a committed round let go of (`give`)
+_pool_lock = threading.Lock()
+POOL = 6
 
 
 def cores() -> int:
@@ -100,18 +111,15 @@ def _load() -> Any | None:
 
 def _warm(k: Any) -> None:
     """Compile (or load from the cache) every kernel with the argument types rounds use."""
-    import numpy as np
 
     f = np.zeros(4, dtype=np.float32)
-    k.decode_sub(np.zeros(2, dtype=np.uint8), np.ones(1, dtype=np.float32), 4, True, f, f, 4)
-    g = f.copy()
-    k.decode_sub_bf16(np.zeros(4, dtype=np.uint16), f, g, g.view(np.uint32), 4)
-    from numba.typed import List
-
-    vals = List([f])
+    body = np.frombuffer(bytes(8), dtype=np.uint8)  # a frame's body: read-only
+    k.body_squares(body, f, 4, k.INT4, 4)
+    held = Held("int4", 4, body, f, torch.zeros(4), 4)
     b = np.zeros(1, dtype=np.int64)
-    k.diff_squares(f, vals, b, b + 4)
-    k.weighted_sum(f, vals, np.ones((1, 1)), b, b, b + 4, f.copy())
+    args = _held_args(k, [held])
+    k.held_squares(f, *args, b, b + 4)
+    k.held_sum(f, *args, np.ones((1, 1)), b, b, b + 4, f.copy())
     k.step_encode(f, f, np.ones(1, dtype=np.float32), b + 4, np.float32(1), 0, np.float32(1),
                   np.float32(0.9), f, f, 4, 7, True, f.copy(), f.copy(), f.copy(),
                   np.ones(1, dtype=np.float32), np.zeros(2, dtype=np.uint8), 4)  # fmt: skip
@@ -121,36 +129,101 @@ def _np(t: torch.Tensor) -> Any:
     return t.detach().numpy()
 
 
-def decode_sub(
-    k: Any, body: torch.Tensor, sf: torch.Tensor, group: int, scheme: str,
-    base: torch.Tensor, out: torch.Tensor,
-) -> tuple[float, bool]:  # fmt: skip
-    """out[:n] = base - the body's values (n = base.numel()): (the sum of the values'
-    squares, whether every out value is finite)."""
-    n = base.numel()
-    with _lock:
-        part, finite = k.decode_sub(_np(body), _np(sf), group, scheme == "int4", _np(base),
-                                    _np(out), n)  # fmt: skip
-    return float(part.sum()), bool(finite.all())  # the blocks' partials, in block order
+@dataclasses.dataclass
+class Held:
+    """A contribution held as its frame's body until its round closes: its values
+    theta_m = base - the body's values are decoded where the close reads them, a block at a
+    time (never whole in memory: a pending contribution costs its frame, not 4 bytes a value).
+    `body`: the codes (bf16: the values' bits, two bytes each), read-only; `sf`: the float32
+    scale of each group (none for bf16); `base`: the public value of its base version."""
+
+    scheme: str
+    group: int
+    body: Any  # numpy uint8
+    sf: Any  # numpy float32
+    base: torch.Tensor
+    numel: int
+
+    def values(self) -> torch.Tensor:
+        """theta_m whole, as the reference decodes it (core/quant.py)."""
+        out = torch.empty(-(-self.numel // self.group) * self.group)
+        raw = torch.from_numpy(self.body.copy())
+        if self.scheme == "bf16":
+            out = raw.view(torch.bfloat16).float()
+            return torch.sub(self.base, out[: self.numel], out=out[: self.numel])
+        quant.dequantize(raw, torch.from_numpy(self.sf), self.group, self.scheme, out, self.base)
+        return out[: self.numel]
 
 
-def decode_sub_bf16(
-    k: Any, raw: torch.Tensor, base: torch.Tensor, out: torch.Tensor
-) -> tuple[float, bool, bool]:
-    """out[:n] = base - the bf16 body's values: (the sum of the values' squares, whether
-    every value is finite, whether every out value is)."""
-    n = base.numel()
-    o = _np(out)
+def hold(
+    k: Any, scheme: str, numel: int, group: int, body: Any, sf: Any, base: torch.Tensor
+) -> tuple[Held, float, float]:
+    """A frame's body held (`Held`): (it, the sum of its values' squares, for bf16 the
+    largest |value| (inf or nan: one is not finite), else 0)."""
+    body = np.frombuffer(body, dtype=np.uint8) if not isinstance(body, np.ndarray) else body
+    body.flags.writeable = False
+    group = 1 if scheme == "bf16" else group
+    code = {"int8": k.INT8, "int4": k.INT4, "bf16": k.BF16}[scheme]
     with _lock:
-        part, ok_in, ok_out = k.decode_sub_bf16(_np(raw.view(torch.int16)).view("uint16"),
-                                                _np(base), o, o.view("uint32"), n)  # fmt: skip
-    return float(part.sum()), bool(ok_in.all()), bool(ok_out.all())
+        part, top = k.body_squares(body, sf, group, code, numel)
+    biggest = np.array([top.max() if len(top) else 0], dtype=np.uint32).view(np.float32)[0]
+    return Held(scheme, group, body, sf, base, numel), float(part.sum()), float(biggest)
+
+
+def absmax(t: torch.Tensor) -> float:
+    """max |t| (a fragment's base value, once per version: cached while it is unchanged)."""
+    key = id(t)
+    hit = _absmax.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    lo, hi = torch.aminmax(t) if t.numel() else (torch.zeros(()), torch.zeros(()))
+    value = max(-float(lo), float(hi))
+    if len(_absmax) >= 64:
+        _absmax.clear()
+    _absmax[key] = (weakref.ref(t), t._version, value)
+    return value
+
+
+def give(*tensors: torch.Tensor | None) -> None:
+    """Tensors a committed round let go of (its old theta, public value, momentum): a later
+    close writes into one of them once nothing else holds it (`_take`). A fresh buffer costs
+    a page fault per 4 KiB on its first write, about 25 ms per 16M values here."""
+    if _loaded.get("kernels") is None:
+        return
+    with _pool_lock:
+        for t in tensors:
+            if (
+                t is not None and t.dtype == torch.float32 and t.numel() >= MIN_VALUES
+                and t._base is None and t.is_contiguous() and all(t is not x for x in _pool)
+            ):  # fmt: skip
+                _pool.append(t)
+        del _pool[:-POOL]
+
+
+def _take(n: int) -> torch.Tensor:
+    """A float32 buffer of n values: one `give` handed over that nothing else holds (no
+    reference but the pool's, no view of its memory), else a new one."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    with _pool_lock:
+        for i in range(len(_pool)):
+            if _pool[i].numel() != n or use_count is None:
+                continue
+            if sys.getrefcount(_pool[i]) == 2 and use_count(_pool[i].untyped_storage()._cdata) == 2:
+                return _pool.pop(i)
+    return torch.empty(n)
+
+
+def _held_args(k: Any, held: Sequence[Held]) -> tuple:
+    from numba.typed import List
+
+    code = {"int8": k.INT8, "int4": k.INT4, "bf16": k.BF16}[held[0].scheme]
+    groups = np.asarray([h.group for h in held], dtype=np.int64)
+    return (List([h.body for h in held]), List([h.sf for h in held]), groups, code,
+            List([_np(h.base) for h in held]))  # fmt: skip
 
 
 def _blocks(k: Any, sizes: Sequence[int]) -> tuple[Any, Any, Any]:
     """(tensor, start, end) of each block: k.BLOCK values at most, never across a tensor."""
-    import numpy as np
-
     bt, bs, be = [], [], []
     start = 0
     for t, size in enumerate(sizes):
@@ -172,28 +245,26 @@ def _per_tensor(part: Any, bt: Any, t_count: int) -> list[float]:
 
 
 def merge(
-    k: Any, theta: torch.Tensor, values: Sequence[torch.Tensor], w: Sequence[float],
+    k: Any, theta: torch.Tensor, held: Sequence[Held], w: Sequence[float],
     sizes: Sequence[int], mean: bool, cancelled: float,
 ) -> tuple[torch.Tensor, list[float]]:  # fmt: skip
-    """`merge.merge_flat` before its last step: (sum_m c[m,t] (theta - values[m]) as float32,
-    the factor of each tensor t to multiply it by). `w`: the normalized weights."""
-    import numpy as np
-    from numba.typed import List
-
+    """`merge.merge_flat` of the held contributions before its last step: (sum_m c[m,t]
+    (theta - theta_m) as float32, the factor of each tensor t to multiply it by). `w`: the
+    normalized weights."""
     bt, bs, be = _blocks(k, sizes)
-    m_count, t_count = len(values), len(sizes)
+    m_count, t_count = len(held), len(sizes)
     th = _np(theta)
     out = torch.empty(theta.numel(), dtype=torch.float32)
-    vals = List([_np(v) for v in values])
+    args = _held_args(k, held)
 
     def sums(coef: Any) -> Any:
-        return k.weighted_sum(th, vals, coef, bt, bs, be, _np(out))
+        return k.held_sum(th, *args, coef, bt, bs, be, _np(out))
 
     with _lock:
         if mean:
             sums(np.repeat(np.asarray(w, dtype=np.float64)[:, None], t_count, axis=1))
             return out, [1.0] * t_count
-        sq = k.diff_squares(th, vals, bs, be)
+        sq = k.held_squares(th, *args, bs, be)
         norms = [[s**0.5 for s in _per_tensor(sq[m], bt, t_count)] for m in range(m_count)]
         coef = np.array([[w[m] / n if n > 0 else 0.0 for n in norms[m]] for m in range(m_count)])
         dn = [s**0.5 for s in _per_tensor(sums(coef), bt, t_count)]
@@ -224,8 +295,6 @@ def step_encode(
     """The close after the merge (fused_kernels.step_encode): (all finite, the largest
     |change|, new theta, new momentum buffer or None, new public value, the bf16 scales,
     the frame's body before compression)."""
-    import numpy as np
-
     n = theta.numel()
     g = max(1, min(group, n))
     n_groups = -(-n // g)
@@ -233,22 +302,21 @@ def step_encode(
     body = bytearray(2 * n_groups + (padded if scheme == "int8" else -(-padded // 2)))
     raw = np.frombuffer(body, dtype=np.uint8)
     scales = np.empty(n_groups, dtype=np.float32)
-    new_theta, new_public = torch.empty(n), torch.empty(n)
+    new_theta, new_public = _take(n), _take(n)
     nesterov = kind == "nesterov"
-    new_buf = torch.empty(n) if nesterov else None
+    new_buf = _take(n) if nesterov else None
     bufv = _np(buf) if nesterov and buf is not None else np.zeros(0 if not nesterov else n,
                                                                    dtype=np.float32)  # fmt: skip
     tend = np.cumsum(np.asarray(sizes, dtype=np.int64))
     f32 = np.float32
     with _lock:
-        ok, top = k.step_encode(
+        ok, top_bits = k.step_encode(
             _np(theta), _np(delta), np.asarray(tscale, dtype=np.float32), tend, f32(light),
             int(nesterov), f32(lr), f32(mu), bufv, _np(public), g, qmax, scheme == "int4",
             _np(new_theta), _np(new_buf) if new_buf is not None else np.zeros(0, dtype=f32),
             _np(new_public), scales, raw[2 * n_groups :], n,
         )  # fmt: skip
-    if scheme == "int4" and padded % 2:  # an odd count's last byte: its pad nibble is 8
-        raw[-1] |= 0x80
+    top = np.array([top_bits], dtype=np.uint32).view(np.float32)[0]
     sf = torch.from_numpy(scales)
     raw[: 2 * n_groups].view(np.int16)[:] = sf.to(torch.bfloat16).view(torch.int16).numpy()
     return bool(ok), float(top), new_theta, new_buf, new_public, sf, bytes(body)

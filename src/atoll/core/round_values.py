@@ -5,9 +5,10 @@
     for the broadcast (delivery.py, codec.py)
 
 - the reference path: one torch op at a time, in the modules named;
-- the fused path (fused.py): two passes for the merge, one for all the rest, for fragments the
-  kernels take (`fused.kernels`: the `fused` setting), with outer `sgd` or `nesterov` and an
-  int4 or int8 broadcast; otherwise the reference path.
+- the fused path (fused.py): two passes over the held frames for the merge, one for all the
+  rest, for fragments the kernels take (`fused.kernels`: the `fused` setting), with outer `sgd`
+  or `nesterov` and an int4 or int8 broadcast (`kernels_for`: its contributions are then held
+  as their frames, `fused.Held`); otherwise the reference path.
 
 Either raises codec.CodecError for a merged value that is not finite or not encodable: nothing
 is committed then (SyncerProtocol drops the round)."""
@@ -34,6 +35,14 @@ class RoundValues:
     scale: float  # the light round's factor
 
 
+def kernels_for(proto: Any, p: int) -> Any | None:
+    """The fused kernels when fragment p's round closes by them (then its contributions are
+    held as their frames, `fused.Held`), else None."""
+    if proto.outer.kind in ("sgd", "nesterov") and proto.cfg.down_codec in ("int4", "int8"):
+        return fused.kernels(proto.theta[p].numel())
+    return None
+
+
 def close_values(
     proto: Any, p: int, values: Sequence[torch.Tensor], weights: Sequence[float],
     included: tuple, now: float,
@@ -48,9 +57,11 @@ def close_values(
     outer_state = dataclasses.replace(proto.outer_state[p])  # committed with the merge
     v = proto.version[p] + 1
     theta = proto.theta[p]
-    k = None
-    if proto.outer.kind in ("sgd", "nesterov") and cfg.down_codec in ("int4", "int8"):
-        k = fused.kernels(theta.numel())
+    k = kernels_for(proto, p)
+    held = [x for x in values if isinstance(x, fused.Held)]
+    if k is None or len(held) != len(values) or len({x.scheme for x in held}) > 1:
+        values = [x.values() if isinstance(x, fused.Held) else x for x in values]
+        k = None
     if k is None:
         delta = merge.merge_flat(theta, values, weights, sizes, mean)
         if scale != 1.0:

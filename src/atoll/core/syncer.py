@@ -83,7 +83,7 @@ from atoll.core.messages import (
 )
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.core.pacing import PullRounds
-from atoll.core.round_values import close_values
+from atoll.core.round_values import close_values, kernels_for
 from atoll.core.state import Averages, GlobalState, History
 from atoll.core.syncer_config import SyncerConfig
 
@@ -276,7 +276,12 @@ class SyncerProtocol:
         ) or self._elsewhere(p)
         spare = self._spare.pop() if not bad and self._spare else None
         got = bad or decode_checked(  # (only once the header passed)
-            c, self.plan.fragments[p].numel, self.history[p][c.base_version], self.guard, spare
+            c,
+            self.plan.fragments[p].numel,
+            self.history[p][c.base_version],
+            self.guard,
+            spare,
+            kernels_for(self, p),
         )
         if isinstance(got, Rejection):
             if spare is not None:
@@ -387,7 +392,9 @@ class SyncerProtocol:
             return self._drop(now, p, ids, str(exc))
         update, scale = got.update, got.scale
         frame = update.payload if update.kind == UpdateKind.DELTA else None
+        old = (self.state.theta[p], self.state.public[p], self.state.outer_state[p].buf)
         self.state.commit(p, got.theta, got.public, got.outer_state, frame)
+        fused.give(*old)  # (the next closes' buffers, once nothing holds them)
         self.round_weight.committed(p, total)
         quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
         event = RoundClosed(
