@@ -3,9 +3,11 @@
 A real `SyncerProtocol` (one fragment of N values in 8 tensors, M joined learners, push
 schedule, quorum M, no grace, the default settings otherwise: RDA, outer sgd, down codec
 int4, magnitude guard on and warm) is handed M contributions of the run's codec; the M-th
-closes the round. Timed: the M `on_contribution` calls (header checks, decode, magnitude
-guard, base - delta) and the close (merge, light-round scale, outer step, broadcast encode,
-public value, history copy). The tape record is written by the driver and is not included.
+closes the round. Timed: the M `prepare` calls (crc, decompression, the frame's measure: what
+the service's receiving threads do before they take the lock, here on --threads threads), the
+M `on_contribution` calls (header checks, decode or hold, magnitude guard) and the close
+(merge, light-round scale, outer step, broadcast encode, public value, history). The tape
+record is written by the driver and is not included.
 
 The bytes a round must read and write (its floor, whatever the implementation):
     M frames in + the base (4N) + Theta in and out (8N) + the public value in and out (8N)
@@ -25,6 +27,7 @@ import json
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -71,13 +74,16 @@ def setup(n: int, m: int, scheme: str, path: str = "fused", threads: int = 1, se
     return syncer, frames
 
 
-def one_round(syncer: SyncerProtocol, frames: list[bytes], now: float) -> tuple[float, int]:
+def one_round(
+    syncer: SyncerProtocol, frames: list[bytes], now: float, pool: ThreadPoolExecutor | None = None
+) -> tuple[float, int]:
     v = syncer.version[0]
     cs = [
         Contribution(f"L{i}", 0, int(now), v, f, 4, 4096, now, 0.1, 0.4)
         for i, f in enumerate(frames)
     ]
     t0 = time.perf_counter()
+    cs = list(pool.map(syncer.prepare, cs)) if pool else [syncer.prepare(c) for c in cs]
     out: list = []
     for c in cs:
         out += syncer.on_contribution(now, c)
@@ -107,8 +113,9 @@ def copy_time(nbytes: int, repeats: int) -> float:
 def measure(n: int, m: int, scheme: str, repeats: int, path: str, threads: int) -> dict:
     syncer, frames = setup(n, m, scheme, path, threads)
     ts, bcast = [], 0
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
     for r in range(repeats + 2):  # two warm-up rounds (the guard warms up over 8 accepts)
-        dt, bcast = one_round(syncer, frames, float(r + 1))
+        dt, bcast = one_round(syncer, frames, float(r + 1), pool)
         if r >= 2:
             ts.append(dt)
     nbytes = floor_bytes(n, frames, bcast)

@@ -262,3 +262,34 @@ def test_a_contribution_whose_base_minus_delta_overflows_is_refused_as_before(k)
     assert "overflows float32" in str(out[0].data), out
     assert syncer.pending[0] == {}
     fused.configure("auto", "auto")
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_contribution_prepared_off_the_lock_is_taken_as_one_that_was_not(k, mode):
+    """SyncerProtocol.prepare (crc, decompression, the frame's measure, on a driver's
+    receiving thread): the same answers, refusals and round as without it."""
+    fused.configure(mode, "1")
+    plan = make_plan({"a": (700,), "b": (300,)}, P=2, H=2)
+
+    def run(prepare: bool):
+        syncer = SyncerProtocol(plan, [_vec(700, 1), _vec(300, 2)], SyncerConfig(
+            quorum=2, grace=False, schedule="push", fused=mode))  # fmt: skip
+        for lid in ("L0", "L1"):
+            syncer.on_join(0.0, lid)
+        good = codec.encode(_vec(700, 3, 0.01), "int4")
+        bad = good[:-1] + bytes([good[-1] ^ 1])  # its checksum fails
+        cs = [Contribution("L0", 0, 1, 0, bad, 4, 4096, 1.0, 0.1, 0.4),
+              Contribution("L0", 0, 2, 0, good, 4, 4096, 1.0, 0.1, 0.4),
+              Contribution("L1", 5, 1, 0, good, 4, 4096, 1.0, 0.1, 0.4),
+              Contribution("L1", 0, 3, 0, codec.encode(_vec(700, 4, 0.01), "int4"), 4, 8192,
+                           1.0, 0.1, 0.4)]  # fmt: skip
+        events = []
+        for c in cs:
+            out = syncer.on_contribution(1.0, syncer.prepare(c) if prepare else c)
+            events.append([repr(getattr(o, "data", o)) for o in out])
+        return syncer, events
+
+    (a, ea), (b, eb) = run(False), run(True)
+    assert ea == eb and "checksum" in ea[0][0] and any("RoundClosed" in e for e in ea[3])
+    assert torch.equal(a.theta[0], b.theta[0]) and torch.equal(a.public[0], b.public[0])
+    fused.configure("auto", "auto")

@@ -122,7 +122,7 @@ def decode_checked(
     round closes (`codec.decode_from`)."""
     try:  # one pass: decoded, measured, taken from the base and checked finite
         flat = base if base.dim() == 1 else base.view(-1)
-        theta, norm, finite = codec.decode_from(c.payload, flat, out, hold)
+        theta, norm, finite = codec.decode_from(c.payload, flat, out, hold, c.unpacked)
     except codec.CodecError as exc:
         return Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
     rate = guard.rate_of(c.fragment, norm, c.steps)

@@ -41,6 +41,7 @@ FUSED_MODES = ("auto", "on", "off")
 MIN_VALUES = 1 << 18
 log = logging.getLogger("atoll.syncer")
 
+_load_lock = threading.Lock()
 _lock = threading.Lock()  # one kernel at a time (numba's default thread pool is not reentrant)
 _mode = {"fused": "auto", "threads": 0}
 _loaded: dict[str, Any] = {}
@@ -93,7 +94,9 @@ def kernels(n: int) -> Any | None:
     if mode == "off" or (mode == "auto" and n < MIN_VALUES):
         return None
     if "kernels" not in _loaded:
-        _loaded["kernels"] = _load()
+        with _load_lock:  # (a driver's threads may ask at once: SyncerProtocol.prepare)
+            if "kernels" not in _loaded:
+                _loaded["kernels"] = _load()
     return _loaded["kernels"]
 
 
@@ -114,8 +117,7 @@ def _warm(k: Any) -> None:
 
     f = np.zeros(4, dtype=np.float32)
     body = np.frombuffer(bytes(8), dtype=np.uint8)  # a frame's body: read-only
-    k.body_squares(body, f, 4, k.INT4, 4)
-    held = Held("int4", 4, body, f, torch.zeros(4), 4)
+    held = dataclasses.replace(hold(k, "int4", 4, 4, body, f)[0], base=torch.zeros(4))
     b = np.zeros(1, dtype=np.int64)
     args = _held_args(k, [held])
     k.held_squares(f, *args, b, b + 4)
@@ -141,7 +143,7 @@ class Held:
     group: int
     body: Any  # numpy uint8
     sf: Any  # numpy float32
-    base: torch.Tensor
+    base: torch.Tensor | None
     numel: int
 
     def values(self) -> torch.Tensor:
@@ -156,10 +158,10 @@ class Held:
 
 
 def hold(
-    k: Any, scheme: str, numel: int, group: int, body: Any, sf: Any, base: torch.Tensor
+    k: Any, scheme: str, numel: int, group: int, body: Any, sf: Any
 ) -> tuple[Held, float, float]:
-    """A frame's body held (`Held`): (it, the sum of its values' squares, for bf16 the
-    largest |value| (inf or nan: one is not finite), else 0)."""
+    """A frame's body held (`Held`, its base still to be set): (it, the sum of its values'
+    squares, for bf16 the largest |value| (inf or nan: one is not finite), else 0)."""
     body = np.frombuffer(body, dtype=np.uint8) if not isinstance(body, np.ndarray) else body
     body.flags.writeable = False
     group = 1 if scheme == "bf16" else group
@@ -167,7 +169,7 @@ def hold(
     with _lock:
         part, top = k.body_squares(body, sf, group, code, numel)
     biggest = np.array([top.max() if len(top) else 0], dtype=np.uint32).view(np.float32)[0]
-    return Held(scheme, group, body, sf, base, numel), float(part.sum()), float(biggest)
+    return Held(scheme, group, body, sf, None, numel), float(part.sum()), float(biggest)
 
 
 def absmax(t: torch.Tensor) -> float:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 
@@ -30,6 +31,9 @@ class Contribution:
     sent_at: float
     step_time: float
     work_s: float = 0.0  # step-seconds of work this send carries (goodput's useful time)
+    # its frame checked and unpacked ahead of the protocol's lock (SyncerProtocol.prepare):
+    # never sent, never compared
+    unpacked: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def kernels_for(proto: Any, p: int) -> Any | None:
     """The fused kernels when fragment p's round closes by them (then its contributions are
     held as their frames, `fused.Held`), else None."""
     if proto.outer.kind in ("sgd", "nesterov") and proto.cfg.down_codec in ("int4", "int8"):
-        return fused.kernels(proto.theta[p].numel())
+        return fused.kernels(proto.plan.fragments[p].numel)
     return None
 
 

@@ -36,6 +36,7 @@ Closing a round for fragment p:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -269,6 +270,17 @@ class SyncerProtocol:
         return self.end.over(now, len(self.live))
 
     # -- rounds ------------------------------------------------------------------------------
+    def prepare(self, c: Contribution) -> Contribution:
+        """c with its frame checked and unpacked (`codec.unpack`: crc, decompression, the
+        measure of a held body): the part of `on_contribution` that reads no state, for a
+        driver to run on its receiving thread before it takes the lock (then it is not done
+        again, and the same refusals come in the same order)."""
+        p = c.fragment
+        if not 0 <= p < self.plan.P or p not in self.owned or c.unpacked is not None:
+            return c
+        unpacked = codec.unpack(c.payload, self.plan.fragments[p].numel, kernels_for(self, p))
+        return dataclasses.replace(c, unpacked=unpacked)
+
     def on_contribution(self, now: float, c: Contribution) -> list:
         p = c.fragment
         bad = check_contribution(

@@ -175,7 +175,8 @@ class Handlers(pbg.SyncerServicer):
             reason = f"transfer broken: {exc}"
             return convert.push_reply(Rejection(Refusal.TRANSFER, reason).answer())
         now = time.time()
-        c = convert.contribution_from_header(h, payload, now)
+        # crc, decompression and the frame's measure on this thread, outside the lock
+        c = rt.proto.prepare(convert.contribution_from_header(h, payload, now))
         with rt.lock:
             sess.last_seen = now
             outs = rt.proto.on_contribution(now, c)
