@@ -27,7 +27,7 @@ from typing import Any
 from hypothesis import strategies as st
 from safetensors.torch import load, save
 
-from atoll.live.syncer import store
+from atoll.live.syncer import blob, store
 from atoll.live.syncer.store_read import digest
 from fuzzing.base import Family, Violation, frozen, mutate, scratch
 from fuzzing.world import PLAN, make_syncer, valid_contribution
@@ -62,7 +62,7 @@ def fixture() -> tuple[dict[str, bytes], tuple, list[bytes]]:
                 tape.open_segment(i)
             p = i % PLAN.P
             proto.on_contribution(2.0 + i, valid_contribution(proto, "L0", p, i + 1, seed=i))
-            rec = store.commit_record(proto, tape.next_seq, p, {"n": i})
+            rec = blob.joined(store.commit_record(proto, tape.next_seq, p, {"n": i}))
             records.append(rec)
             tape.append(rec)
             prefix.append(core(proto))

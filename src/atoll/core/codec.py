@@ -25,14 +25,14 @@ import dataclasses
 import math
 import struct
 import warnings
-import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import zstandard
 
-from atoll.core import fused, quant
+from atoll.checksum import crc32
+from atoll.core import fused, held_figures, quant
 from atoll.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ def framed(scheme: str, numel: int, group: int, body: bytes | bytearray, compres
         body = zstandard.ZstdCompressor(level=1).compress(body)
         flags |= _ZSTD_FLAG
     header = _HEADER.pack(
-        MAGIC, VERSION, SCHEMES[scheme], flags, 0, numel, group, len(body), zlib.crc32(body)
+        MAGIC, VERSION, SCHEMES[scheme], flags, 0, numel, group, len(body), crc32(body)
     )
     return header + body
 
@@ -297,7 +297,7 @@ def decode_from(
     if u.held is not None:
         held, norm, top = u.held
         held = dataclasses.replace(held, base=base)
-        return held, norm, top + fused.absmax(base) <= FLT_MAX or all_finite(held.values())
+        return held, norm, top + held_figures.absmax(base) <= FLT_MAX or all_finite(held.values())
     scheme, numel, group, raw = u.scheme, u.numel, u.group, u.raw
     assert raw is not None
     if scheme not in QMAX or numel == 0:
@@ -340,7 +340,7 @@ def _body(
     body = memoryview(frame)[_HEADER.size :]  # not a copy of the body
     if len(body) != blen:
         raise CodecError(f"body is {len(body)} bytes, header says {blen}")
-    if zlib.crc32(body) != crc:
+    if crc32(body) != crc:
         raise CodecError("checksum mismatch: the payload was corrupted")
     expected = _body_len(scheme, numel, group)
     if flags & _ZSTD_FLAG:

@@ -27,7 +27,6 @@ import logging
 import os
 import sys
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +44,6 @@ _load_lock = threading.Lock()
 _lock = threading.Lock()  # one kernel at a time (numba's default thread pool is not reentrant)
 _mode = {"fused": "auto", "threads": 0}
 _loaded: dict[str, Any] = {}
-_absmax: dict[int, tuple[Any, int, float]] = {}
 _pool: list[torch.Tensor] = []  # buffers a committed round let go of (`give`)
 _pool_lock = threading.Lock()
 POOL = 6
@@ -170,20 +168,6 @@ def hold(
         part, top = k.body_squares(body, sf, group, code, numel)
     biggest = np.array([top.max() if len(top) else 0], dtype=np.uint32).view(np.float32)[0]
     return Held(scheme, group, body, sf, None, numel), float(part.sum()), float(biggest)
-
-
-def absmax(t: torch.Tensor) -> float:
-    """max |t| (a fragment's base value, once per version: cached while it is unchanged)."""
-    key = id(t)
-    hit = _absmax.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    lo, hi = torch.aminmax(t) if t.numel() else (torch.zeros(()), torch.zeros(()))
-    value = max(-float(lo), float(hi))
-    if len(_absmax) >= 64:
-        _absmax.clear()
-    _absmax[key] = (weakref.ref(t), t._version, value)
-    return value
 
 
 def give(*tensors: torch.Tensor | None) -> None:

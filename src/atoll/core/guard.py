@@ -26,6 +26,7 @@ from collections import deque
 
 import torch
 
+from atoll.core import held_figures
 from atoll.core.messages import Refusal, Rejection
 
 WINDOW = 32  # accepted contributions remembered per fragment
@@ -70,7 +71,7 @@ class MagnitudeGuard:
             what = f"{self.factor:g} x the median of the last {len(self.rates[p])} accepted"
         else:
             floor = math.sqrt(max(base.numel(), 1))
-            limit = self.factor * max(float(torch.linalg.vector_norm(base)), floor)
+            limit = self.factor * max(held_figures.norm(base), floor)
             what = f"{self.factor:g} x the fragment's norm (cold bound)"
         if rate > limit:
             return Rejection(

@@ -120,8 +120,9 @@ class GlobalState:
         self, p: int, keep_history: int | None = None, copy: bool = True
     ) -> dict[str, Any]:
         """Fragment p's state, with its newest `keep_history` public versions (default: only
-        the current one, which a tape record needs). `copy=False`: the protocol's own tensors
-        (to be serialized at once, under the lock)."""
+        the current one, which a tape record needs). `copy=False`: the protocol's own tensors,
+        which it never writes into (a merge, a restore or a heal replaces them; the history's
+        are never copied)."""
         st = self.outer_state[p]
         c = _clone if copy else _same
         return {
@@ -149,14 +150,14 @@ class GlobalState:
         self.rounds_closed = st["rounds_closed"]
         self.averages.load_state_dict(st["grace"])
 
-    def state_dict(self, keep_history: int | None = None) -> dict[str, Any]:
-        """The whole durable state (copies); `keep_history` public versions per fragment
-        (default: as many as are held)."""
+    def state_dict(self, keep_history: int | None = None, copy: bool = True) -> dict[str, Any]:
+        """The whole durable state (copies; `copy=False`: the tensors held, `fragment_state`);
+        `keep_history` public versions per fragment (default: as many as are held)."""
         keep = keep_history or self.keep
         return {
             "rounds_closed": self.rounds_closed,
             "grace": self.averages.state_dict(),
-            "fragments": [self.fragment_state(p, keep) for p in range(self.plan.P)],
+            "fragments": [self.fragment_state(p, keep, copy) for p in range(self.plan.P)],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

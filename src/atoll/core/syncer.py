@@ -184,8 +184,11 @@ class SyncerProtocol:
     def load_fragment_state(self, st: dict[str, Any], replace_history: bool = False) -> None:
         self.state.load_fragment_state(st, replace_history)
 
-    def state_dict(self, keep_history: int | None = None) -> dict[str, Any]:
-        return self.state.state_dict(keep_history)
+    def state_dict(self, keep_history: int | None = None, copy: bool = True) -> dict[str, Any]:
+        """`GlobalState.state_dict`; `copy=False`: the protocol's own tensors, which it
+        replaces at each merge and never writes into (a snapshot may write them after the
+        lock is let go: no copy, and the lock is held for microseconds)."""
+        return self.state.state_dict(keep_history, copy)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.load_state_dict(state)

@@ -9,8 +9,9 @@ never more than `total_bytes` <= `limit`, and `payload()` joins them once (2 x l
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
+
+from atoll import checksum
 
 DEFAULT_CHUNK = 256 * 1024
 
@@ -21,7 +22,7 @@ class TransferError(ValueError):
 
 
 def crc32(payload: bytes) -> int:
-    return zlib.crc32(payload) & 0xFFFFFFFF
+    return checksum.crc32(payload) & 0xFFFFFFFF
 
 
 def split(payload: bytes, chunk_bytes: int = DEFAULT_CHUNK) -> Iterator[bytes]:

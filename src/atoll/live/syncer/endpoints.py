@@ -229,6 +229,11 @@ class _Books:
         s = self.m.status()
         yield from series(s)
         yield from info_series(s)
+        what = "thread CPU seconds by step (live/syncer/cpu.py)"
+        cpu = CounterMetricFamily("atoll_syncer_cpu_seconds", what, labels=["step"])
+        for step, seconds in self.m.rt.cpu.read().items():
+            cpu.add_metric([step], seconds)
+        yield cpu
 
 
 def series(s: dict[str, Any], labels: dict[str, str] | None = None) -> Any:

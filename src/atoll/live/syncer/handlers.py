@@ -48,9 +48,15 @@ class Handlers(pbg.SyncerServicer):
     def _frames(self, u, learner: str, heal: bool = False) -> Iterator[pb.Down]:
         chunk = self._welcome.chunk_bytes
         inline = len(u.payload) <= chunk  # one message instead of two
-        yield pb.Down(update=convert.update_header(u, heal, inline))
+        t0 = time.thread_time()
+        msg = pb.Down(update=convert.update_header(u, heal, inline))
+        self.rt.cpu.add("send", time.thread_time() - t0)
+        yield msg
         for part in [] if inline else split(u.payload, chunk):
-            yield pb.Down(chunk=part)
+            t0 = time.thread_time()
+            msg = pb.Down(chunk=part)
+            self.rt.cpu.add("send", time.thread_time() - t0)
+            yield msg
         with self.rt.lock:
             self.rt.acct["bytes_out"] += len(u.payload)
             self.rt.roster.sent(learner, u.fragment, u.version, len(u.payload))
@@ -176,10 +182,13 @@ class Handlers(pbg.SyncerServicer):
             return convert.push_reply(Rejection(Refusal.TRANSFER, reason).answer())
         now = time.time()
         # crc, decompression and the frame's measure on this thread, outside the lock
-        c = rt.proto.prepare(convert.contribution_from_header(h, payload, now))
+        with rt.cpu.timed("prepare"):
+            c = rt.proto.prepare(convert.contribution_from_header(h, payload, now))
         with rt.lock:
             sess.last_seen = now
+            t0 = time.thread_time()
             outs = rt.proto.on_contribution(now, c)
+            rt.cpu.protocol_call(t0, outs)
             rt.process(now, outs)
         return convert.push_reply(next(o for o in outs if isinstance(o, PushAnswer)))
 

@@ -45,6 +45,7 @@ from atoll.core.shards import owned
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
 from atoll.live.syncer.books import Books, new_accounts
+from atoll.live.syncer.cpu import CpuSteps
 from atoll.live.syncer.outbox import Control, Session
 from atoll.live.syncer.roster import Roster
 from atoll.live.syncer.store import RestoreResult, Tape, commit_record, restore, write_snapshot
@@ -85,6 +86,7 @@ class SyncerRuntime:
         self.stopping = threading.Event()
         self.over = threading.Event()  # the run is over (the protocol's RunOver event)
         self.acct = new_accounts()
+        self.cpu = CpuSteps()  # where this process's CPU goes (live/syncer/cpu.py)
         self.books = Books(self.acct)
         self.observers: list[Any] = []  # called with every event accounted (lock held)
         self.roster = Roster()  # each learner's figures (the page's rows)
@@ -125,13 +127,14 @@ class SyncerRuntime:
     def snapshot(self) -> None:
         """One at a time: the snapshot thread's and the end of the run's would share the
         temporary file."""
-        with self._snapshotting:
+        with self._snapshotting, self.cpu.timed("snapshot"):
             self._snapshot()
 
     def _snapshot(self) -> None:
         with self.lock:
             seq = self.tape.next_seq
-            state = self.proto.state_dict(self.opts.snapshot_history)  # copies
+            # the tensors held, not copies: a merge replaces them and never writes into them
+            state = self.proto.state_dict(self.opts.snapshot_history, copy=False)
             extra = copy.deepcopy(self.acct)  # written outside the lock
             self._tape_call(lambda: self.tape.open_segment(seq))
         write_snapshot(self.snapshot_path, state, seq, extra)
@@ -164,8 +167,9 @@ class SyncerRuntime:
         timers, sends (a `PushAnswer` is the handler's to send)."""
         for o in outputs:
             if isinstance(o, Commit):
-                rec = commit_record(self.proto, self.tape.next_seq, o.fragment, self.acct)
-                self._tape_call(lambda rec=rec: self.tape.append(rec))
+                with self.cpu.timed("tape"):
+                    rec = commit_record(self.proto, self.tape.next_seq, o.fragment, self.acct)
+                    self._tape_call(lambda rec=rec: self.tape.append(rec))
         for o in outputs:
             if isinstance(o, Event):
                 self._account(o)
@@ -282,7 +286,10 @@ class SyncerRuntime:
                     self._timer_cv.wait(min(at - now, 0.5))
                     continue
                 _, _, key = heapq.heappop(self.timers)
-                self.process(now, self.proto.on_timer(now, key))
+                t0 = time.thread_time()
+                outs = self.proto.on_timer(now, key)
+                self.cpu.protocol_call(t0, outs)
+                self.process(now, outs)
 
     def _reaper_loop(self) -> None:
         while not self.stopping.wait(0.25):

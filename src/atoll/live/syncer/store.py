@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save
 
 from atoll.core.syncer import SyncerProtocol
+from atoll.live.syncer import blob
 from atoll.live.syncer.store_read import (
     CRC_KEY,
     REC,
@@ -71,12 +70,13 @@ def _meta(st: dict[str, Any]) -> dict[str, Any]:
             "history": list(st["history"])}  # fmt: skip
 
 
-def commit_record(proto: SyncerProtocol, seq: int, p: int, extra: dict[str, Any]) -> bytes:
-    """The tape record of fragment p's state right after a merge."""
-    st = proto.fragment_state(p, copy=False)  # serialized right here, under the lock
+def commit_record(proto: SyncerProtocol, seq: int, p: int, extra: dict[str, Any]) -> list[Any]:
+    """The tape record of fragment p's state right after a merge, as pieces (`blob`): the
+    protocol's own tensors, to be written at once, under the lock."""
+    st = proto.fragment_state(p, copy=False)
     meta = {"seq": seq, **_meta(st), "rounds_closed": st["rounds_closed"], "grace": st["grace"],
             "extra": extra}  # fmt: skip
-    return save(_tensors("", st), metadata={"json": json.dumps(meta)})
+    return blob.pieces(_tensors("", st), {"json": json.dumps(meta)})
 
 
 class Tape:
@@ -95,10 +95,13 @@ class Tape:
         self.next_seq = start
         self._fh = open(self.folder / f"{start:012d}.tape", "ab")
 
-    def append(self, body: bytes) -> int:
-        """Write one record; returns its seq. Flushed to the OS before returning."""
+    def append(self, body: bytes | list[Any]) -> int:
+        """Write one record (a blob, or its `blob.pieces`); returns its seq. Flushed to the
+        OS before returning."""
         seq = self.next_seq
-        self._fh.write(REC.pack(len(body), zlib.crc32(body) & 0xFFFFFFFF) + body)
+        parts = [body] if isinstance(body, (bytes, bytearray)) else body
+        self._fh.write(REC.pack(blob.size(parts), blob.crc32(parts)))
+        blob.write(self._fh, parts)
         self._fh.flush()
         if self.fsync:
             os.fsync(self._fh.fileno())
@@ -148,7 +151,8 @@ class RestoreResult:
 def write_snapshot(
     path: Path, state: dict[str, Any], tape_next: int, extra: dict[str, Any]
 ) -> None:
-    """Atomically write a syncer state (`SyncerProtocol.state_dict()`, copies)."""
+    """Atomically write a syncer state (`SyncerProtocol.state_dict()`: tensors the protocol
+    no longer writes into, or copies)."""
     tensors: dict[str, torch.Tensor] = {}
     for st in state["fragments"]:
         tensors.update(_tensors(f"{st['fragment']}.", st))
@@ -160,10 +164,10 @@ def write_snapshot(
         "extra": extra,
     }
     text = json.dumps(meta)
-    blob = save(tensors, metadata={"json": text, CRC_KEY: digest(text, tensors)})
+    parts = blob.pieces(tensors, {"json": text, CRC_KEY: digest(text, tensors)})
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
-        fh.write(blob)
+        blob.write(fh, parts)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load
+
+from atoll.checksum import crc32
 
 REC = struct.Struct("<II")  # a tape record's len u32 | crc32 u32 (then its body)
 CRC_KEY = "crc32"  # the snapshot metadata key of its checksum
@@ -77,7 +78,7 @@ def scan(data: bytes) -> tuple[list[tuple[int, bytes]], int | None]:
             return out, i
         n, crc = REC.unpack_from(data, i)
         body = data[i + REC.size : i + REC.size + n]
-        if len(body) != n or (zlib.crc32(body) & 0xFFFFFFFF) != crc:
+        if len(body) != n or (crc32(body) & 0xFFFFFFFF) != crc:
             return out, i
         out.append((i, body))
         i += REC.size + n
@@ -93,7 +94,7 @@ def intact_after(data: bytes, bad: int) -> int | None:
         j = pos - 2 * REC.size
         n, crc = REC.unpack_from(data, j)
         end = j + REC.size + n
-        if end <= len(data) and (zlib.crc32(data[j + REC.size : end]) & 0xFFFFFFFF) == crc:
+        if end <= len(data) and (crc32(data[j + REC.size : end]) & 0xFFFFFFFF) == crc:
             return j
         pos = data.find(b'{"', pos + 1)
     return None
@@ -127,10 +128,10 @@ def parse(blob: bytes, where: str) -> tuple[dict[str, torch.Tensor], dict[str, A
 
 def digest(text: str, tensors: dict[str, torch.Tensor]) -> str:
     """crc32 of a snapshot's JSON metadata and of its tensors, by name."""
-    c = zlib.crc32(text.encode())
+    c = crc32(text.encode())
     for name in sorted(tensors):
-        c = zlib.crc32(name.encode(), c)
-        c = zlib.crc32(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy(), c)
+        c = crc32(name.encode(), c)
+        c = crc32(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy(), c)
     return f"{c & 0xFFFFFFFF:08x}"
 
 
