@@ -172,6 +172,9 @@ def run_size(d_model: int, n_layer: int, args: argparse.Namespace) -> dict:
     if len(spy) > 1:
         spy[1].wait(timeout=60)
     rep = json.loads(out.read_text())
+    run_dir = Path(rep["run_dir"])
+    snap_file = run_dir / "snapshot.safetensors"
+    snap_bytes = snap_file.stat().st_size if snap_file.exists() else 0
     ph = rep["phases"]["all"]
     cpu_s = rep["syncer"]["cpu_s"]
     merged = ph["merged_values_per_s"] * ph["seconds"]
@@ -184,7 +187,7 @@ def run_size(d_model: int, n_layer: int, args: argparse.Namespace) -> dict:
     snap_cpu = measured.get("snapshot", 0.0)
     snapshots = 0
     if len(window) == 2:  # snapshot events within py-spy's window
-        lines = (Path(rep["run_dir"]) / "events.jsonl").read_text().splitlines()
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
         events = [json.loads(x) for x in lines if '"snapshot"' in x]
         snapshots = sum(window[0] <= e["t"] < window[1] for e in events if e["kind"] == "snapshot")
     row = {
@@ -208,6 +211,10 @@ def run_size(d_model: int, n_layer: int, args: argparse.Namespace) -> dict:
         "system_s": times[1][1] - times[0][1] if len(times) == 2 else None,
         "snapshots_in_window": snapshots,
         "cpu_s_per_snapshot": snap_cpu / snapshots if snapshots else None,
+        "snapshot_bytes": snap_bytes,  # the last one's file
+        "snapshot_ns_per_byte": (
+            1e9 * snap_cpu / snapshots / snap_bytes if snapshots and snap_bytes else None
+        ),
         "steps_cpu_s": measured,
         "steps_ns_per_value": {
             **{k: 1e9 * v / merged for k, v in measured.items()},
@@ -217,6 +224,9 @@ def run_size(d_model: int, n_layer: int, args: argparse.Namespace) -> dict:
         "sampled_ns_per_value": {k: ns * v / total for k, v in steps.most_common()},
         "samples": total,
     }
+    if not args.keep:
+        shutil.rmtree(run_dir, ignore_errors=True)  # (GBs: the tape and snapshots)
+        shutil.rmtree(raw.parent, ignore_errors=True)
     print(f"[{tag}] {ns:.2f} ns per contributed value all-in; steps: "
           + ", ".join(f"{k} {v:.2f}" for k, v in row["steps_ns_per_value"].items()),
           file=sys.stderr, flush=True)  # fmt: skip
@@ -276,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a syncer setting (default: eval=false: the live evaluation of the "
                     "global model costs per evaluation point, not per contribution)")  # fmt: skip
     ap.add_argument("--syncer-env", action="append", default=[], help="KEY=VALUE")
+    ap.add_argument("--keep", action="store_true", help="keep the runs' folders (GBs)")
     ap.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).parent
                                                                       / "py-spy"))  # fmt: skip
     ap.add_argument("--out", type=Path, default=OUT / "service.json")

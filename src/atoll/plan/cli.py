@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from atoll.errors import ConfigError
-from atoll.plan.model import PAPER, PlanConfig, paper_setting, plan
+from atoll.plan.model import PAPER, PER_CONTRIBUTION_S, PlanConfig, paper_setting, plan
 
 SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 SHOWN = {"params", "shards"}  # read by hand below (sizes and a list of them)
@@ -123,6 +123,7 @@ def render(plans: list[dict], paper: list[dict] | None) -> None:
         "RAM",
         "RAM/shard",
         "snapshot interval >=",
+        "tape writes",
         "syncer in/out",
         "learner up",
         "util",
@@ -147,6 +148,7 @@ def render(plans: list[dict], paper: list[dict] | None) -> None:
             _bytes(p["ram_bytes"]),
             _bytes(p["ram_per_shard_bytes"]),
             f"{p['snapshot_every_s_min']:.3g} s",
+            _bytes(p["tape_bytes_per_s"]) + "/s",
             inout,
             _gbps(p["learner_up_gbps"]),
             f"{s['utilization']['decoupled']:.3g}",
@@ -167,7 +169,8 @@ def render(plans: list[dict], paper: list[dict] | None) -> None:
         f"{plans[0]['steady_bytes_per_param']:.1f} between (history of {c['history']} "
         f"versions as broadcast frames, {frames}; atoll.core.memory), "
         f"{c['ns_per_value']:.1f} ns/value "
-        "+ 4 ms per contribution (BENCHMARKS.md s4, s9), shards at most "
+        f"+ {PER_CONTRIBUTION_S * 1e3:.1f} ms per contribution (BENCHMARKS.md s10c), "
+        "shards at most "
         f"{c['max_core_load']:g} of a core, 2 cores each; snapshots at most 1/10 of a "
         "shard's core; util: Decoupled's compute utilisation at the link; speedup: its "
         "utilisation over each method's (atoll.bandwidth) at this link, communication only"

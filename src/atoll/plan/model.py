@@ -9,27 +9,27 @@ M * P / (H * s) contributions per second, each of N / P values. One contribution
 
     cpu = PER_CONTRIBUTION_S + NS_PER_VALUE * 1e-9 * N / P        (seconds of one core)
 
-fitted through two measurements of the whole syncer process's CPU time (gRPC, TLS, decode,
-checks, merge, outer step, encoding the broadcast, the tape record: everything but snapshots):
-  - BENCHMARKS.md section 9 (`benchmarks/scale.py`, 100M row with the snapshots deferred,
-    benchmarks/results/scale/scale_100M_no_snapshots.json): 359.6 ms of syncer CPU per step,
-    one learner, one fragment of 100,344,192 / 24 = 4.18M values merged per step;
-  - BENCHMARKS.md section 4 (`benchmarks/load.py`, one pinned core, 64 clients, 0.87M
-    parameters, P = 24): the core saturated at about 141 contributions/s of 36k values.
-  Through both: 85.0 ns per value and 4.0 ms per contribution. Section 9's rounds have one
-  contribution each, so the per-round part (outer step, encoding the broadcast, the tape) is
-  counted per contribution here: with M > 1 a round costs less than this (an overestimate).
-A shard's round runs on one thread (one Python process), so a shard can give it at most one
-core; the plan keeps each shard at or under `max_core_load` (0.5 by default: section 4's
-core at 95% had round latency p50 1.9 s and p99 5 s) and gives each shard 2 cores (one for
-the round, one so that the gRPC server's threads, TLS and the snapshot writer do not take from
-it).
+fitted through two sizes of the running syncer (`benchmarks/syncer_service.py`, BENCHMARKS.md
+section 10c: `atoll syncer` with its default settings, the fused round and the tape, M = 8
+learners pushing int4 frames over loopback, models of 25.5M and 101M parameters, P = 24:
+1.07M and 4.1M values a contribution): the whole process's CPU time (user and system: gRPC,
+decompression, checks, merge, outer step, broadcast encode, tape record, sends, heartbeats)
+less its snapshots', per contribution, a line through both sizes. Rounds of M contributions,
+as a live run has them (the fit of earlier versions came from one-learner rounds).
+A shard's protocol runs under one lock (the round's kernels may use `syncer_threads` cores,
+BENCHMARKS.md section 10b: 1.65x on 2; the service with threads is not measured here), so the
+plan keeps each shard at or under `max_core_load` of one core (0.5 by default: section 4's core
+at 95% had round latency p50 1.9 s and p99 5 s) and gives each shard 2 cores (one for the round,
+one so that the gRPC server's threads, TLS and the snapshot writer do not take from it).
 
-Snapshots (every `snapshot_every_s`, the syncer's default 10 s) are separate: section 9's
-default run used 1,799.8 ms of CPU per 2.39 s step against 359.6 ms deferred, 6.0 CPU-s per
-10 s snapshot of a state of about 16 bytes per parameter then (Theta, the public value and
-about two versions per fragment after 50 merges): SNAPSHOT_NS_PER_BYTE = 3.75. A snapshot
-holds 8 + 4 * snapshot_history bytes per parameter once the history is full.
+Snapshots (every `snapshot_every_s`, the syncer's default 10 s) are separate: SNAPSHOT_NS_PER_BYTE
+of CPU per byte of the snapshot file, measured by the same benchmark (its snapshot thread's CPU
+time over the file's size, the larger model). A snapshot holds 8 + 4 * snapshot_history bytes
+per parameter once the history is full.
+
+Disk. Every merge is a tape record of the fragment's new exact and public values and outer
+state (`TAPE_BYTES_PER_VALUE` + the outer optimizer's bytes, per value), written before it is
+broadcast: (8 + outer) * N / (H * s) bytes per second, on top of the snapshots'.
 
 Memory: `syncer_bytes_per_param`, from the syncer's own formula (atoll.core.memory.memory_bytes,
 docs/live.md "Syncer memory": Theta and the public value in fp32, the history as the int4
@@ -54,12 +54,12 @@ from atoll.core.memory import memory_bytes
 from atoll.core.syncer_config import SyncerConfig
 from atoll.errors import ConfigError
 
-# Measured rates (see the module docstring for where each comes from).
-_S9 = (359.6e-3, 100_344_192 / 24)  # BENCHMARKS.md s9: CPU s per contribution, its values
-_S4 = (1 / 141, 36_000)  # BENCHMARKS.md s4: one core saturated at ~141 contributions/s
-NS_PER_VALUE = (_S9[0] - _S4[0]) / (_S9[1] - _S4[1]) * 1e9  # 85.0 ns: the line through both
-PER_CONTRIBUTION_S = _S4[0] - _S4[1] * NS_PER_VALUE * 1e-9  # 4.0 ms
-SNAPSHOT_NS_PER_BYTE = (1799.8 - 359.6) * 1e-3 * 10 / 2.39 / (16 * 100_344_192) * 1e9  # s9
+# Measured rates (see the module docstring for where each comes from): benchmarks/results/
+# syncer_service/service.json, its "fit" and its 101M row (tests/unit/test_plan.py holds them to it)
+NS_PER_VALUE = 10.0  # ns of syncer CPU per contributed value
+PER_CONTRIBUTION_S = 12.2e-3  # CPU seconds per contribution, whatever its size
+SNAPSHOT_NS_PER_BYTE = 2.07  # CPU ns per byte of a snapshot file
+TAPE_BYTES_PER_VALUE = 8  # a tape record: the exact and public values, float32
 PROCESS_BYTES = 0.3e9  # Python, torch, gRPC: an idle syncer's RSS (BENCHMARKS.md s4: 273 MB)
 HISTORY = SyncerConfig.history  # public versions kept per fragment (64 today)
 OUTER_BYTES = {"sgd": 0, "nesterov": 4, "delayed_nesterov": 8}
@@ -166,6 +166,11 @@ def cpu_per_contribution_s(c: PlanConfig) -> float:
     return PER_CONTRIBUTION_S + c.ns_per_value * 1e-9 * c.params / c.fragments
 
 
+def tape_bytes_per_s(c: PlanConfig) -> float:
+    """The tape's writes: a record per merge, (8 + outer) bytes per value of the fragment."""
+    return (TAPE_BYTES_PER_VALUE + OUTER_BYTES[c.outer]) * c.params / (c.H * c.step_s)
+
+
 def snapshot_cpu_s(c: PlanConfig, snapshot_history: int = 8) -> float:
     """Core-seconds one full snapshot costs (8 + 4 * snapshot_history bytes per parameter)."""
     return SNAPSHOT_NS_PER_BYTE * 1e-9 * (8 + 4 * snapshot_history) * c.params
@@ -226,6 +231,8 @@ def plan(c: PlanConfig) -> dict:
         "snapshot_cpu_s": snap,
         "snapshot_every_s_min": 10 * snap / shards,  # snapshots at <= 10% of each shard's core
         "snapshot_load_per_shard": snap / shards / c.snapshot_every_s,
+        "tape_bytes_per_s": tape_bytes_per_s(c),
+        "snapshot_bytes_per_s": (8 + 4 * c.snapshot_history) * c.params / c.snapshot_every_s,
         "learner_required_gbps": required_bandwidth("decoupled", c.bandwidth()) / 1e9,
         "learner_up_gbps": learner_up / 1e9,
         "learner_down_gbps": learner_down / 1e9,
