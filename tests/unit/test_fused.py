@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atoll.core import codec, fused, merge
+from atoll.core import codec, fused, intake, merge
 from atoll.core.fragments import make_plan
 from atoll.core.messages import Contribution
 from atoll.core.syncer import SyncerProtocol
@@ -45,8 +45,8 @@ def test_a_held_contribution_is_the_references_decode(k, n, scheme, group, seed)
     its norm (from the frame alone) within float64 rounding, and it is found finite."""
     base = _vec(n, seed)
     frame = codec.encode(_vec(n, seed + 1, 0.01), scheme, group)
-    want, want_norm, unchecked = codec.decode_from(frame, base)
-    held, norm, finite = codec.decode_from(frame, base, hold=k)
+    want, want_norm, unchecked = intake.decode_from(frame, base)
+    held, norm, finite = intake.decode_from(frame, base, hold=k)
     assert isinstance(held, fused.Held) and unchecked is None and finite is True
     assert torch.equal(held.values(), want)
     assert norm == pytest.approx(want_norm, rel=1e-12)
@@ -61,16 +61,16 @@ def test_a_held_contribution_whose_base_minus_delta_overflows_is_found_so():
     delta = torch.zeros(256)
     delta[3], delta[200] = -1e38, 1e38  # base - delta overflows at 3 only
     frame = codec.encode(delta, "int8", 64)
-    _held, _norm, finite = codec.decode_from(frame, base, hold=k)
+    _held, _norm, finite = intake.decode_from(frame, base, hold=k)
     assert finite is False
     delta[3] = 1e38  # the bound fails (3.3e38 + 1e38), the values do not overflow
-    _held, _norm, finite = codec.decode_from(codec.encode(delta, "int8", 64), base, hold=k)
+    _held, _norm, finite = intake.decode_from(codec.encode(delta, "int8", 64), base, hold=k)
     assert finite is True
 
 
 def _held(k, theta, deltas, scheme="int4", group=64):
     """Contributions theta_m = theta - deltas[m], held, and their values."""
-    held = [codec.decode_from(codec.encode(d, scheme, group), theta, hold=k)[0] for d in deltas]
+    held = [intake.decode_from(codec.encode(d, scheme, group), theta, hold=k)[0] for d in deltas]
     return held, [h.values() for h in held]
 
 
@@ -147,7 +147,7 @@ def test_a_bf16_payload_that_is_not_finite_is_refused_as_by_the_reference(k):
     frame = codec.framed("bf16", 300, 1, bytes(body), compress=False)
     for hold in (None, k):
         with pytest.raises(codec.CodecError, match="payload holds non-finite values"):
-            codec.decode_from(frame, torch.zeros(300), hold=hold)
+            intake.decode_from(frame, torch.zeros(300), hold=hold)
 
 
 def test_a_buffer_held_elsewhere_is_never_written_by_a_later_close(k):

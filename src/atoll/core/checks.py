@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from atoll.core import codec
+from atoll.core import codec, intake
 from atoll.core.fragments import FragmentPlan
 from atoll.core.guard import MagnitudeGuard
 from atoll.core.messages import Contribution, Refusal, Rejection
@@ -107,6 +107,19 @@ class Decoded:
     rate: float
 
 
+@dataclass
+class Pending:
+    """An accepted contribution waiting for its round: its values theta_m (a tensor, or its
+    frame held: `fused.Held`), weight, message, staleness, bytes and arrival time."""
+
+    theta: Any
+    weight: float
+    c: Contribution
+    staleness: int
+    nbytes: int
+    arrived: float
+
+
 def decode_checked(
     c: Contribution,
     numel: int,
@@ -119,10 +132,10 @@ def decode_checked(
     value `base` of its base version: a payload that does not decode, a delta beyond the
     magnitude guard (core/guard.py) or one that overflows float32 is refused. `out`: a
     buffer to decode into; `hold`: the fused kernels, to keep the frame as it is until the
-    round closes (`codec.decode_from`)."""
+    round closes (`intake.decode_from`)."""
     try:  # one pass: decoded, measured, taken from the base and checked finite
         flat = base if base.dim() == 1 else base.view(-1)
-        theta, norm, finite = codec.decode_from(c.payload, flat, out, hold, c.unpacked)
+        theta, norm, finite = intake.decode_from(c.payload, flat, out, hold, c.unpacked)
     except codec.CodecError as exc:
         return Rejection(Refusal.PAYLOAD, f"bad payload: {exc}")
     rate = guard.rate_of(c.fragment, norm, c.steps)

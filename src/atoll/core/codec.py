@@ -21,18 +21,17 @@ time to the next vector, so the sum of what was sent tracks the sum of the true 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import struct
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import zstandard
 
 from atoll.checksum import crc32
-from atoll.core import fused, held_figures, quant
+from atoll.core import quant
 from atoll.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ def check_scheme(scheme: str, setting: str = "codec") -> str:
     return scheme
 
 
-def _group_scales(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _groupscales_of(x: torch.Tensor, qmax: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x padded to whole groups, one row per group; bf16 scales, 1 for all-zero groups)."""
     pad = (-x.numel()) % group
     g = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(-1, group)
@@ -106,7 +105,7 @@ def error_bound(x: torch.Tensor, scheme: str, group: int = 64) -> torch.Tensor:
         return torch.zeros_like(x)
     if scheme == "bf16":
         return x.abs() * 2.0**-8 + 1e-38  # relative, plus bf16 subnormal spacing
-    _, scales = _group_scales(x, QMAX[scheme], group)
+    _, scales = _groupscales_of(x, QMAX[scheme], group)
     per = (scales.float() / 2).repeat_interleave(group)[: x.numel()]
     return per * (1 + 1e-6) + 1e-30
 
@@ -161,7 +160,7 @@ def _encode(
         sent = b.float() if want_sent else None
     else:
         qmax = QMAX[scheme]
-        g, scales = _group_scales(x, qmax, group)
+        g, scales = _groupscales_of(x, qmax, group)
         sf = scales.float().unsqueeze(1)
         n_groups = g.shape[0]
         body_arr = bytearray(_body_len(scheme, x.numel(), group))
@@ -216,7 +215,7 @@ def peek(frame: bytes) -> tuple[str, int]:
 def decode(
     frame: bytes, expect_numel: int | None = None, max_numel: int = MAX_NUMEL
 ) -> torch.Tensor:
-    scheme, numel, group, raw = _body(frame, expect_numel, max_numel)
+    scheme, numel, group, raw = checked_body(frame, expect_numel, max_numel)
     if numel == 0:
         return torch.zeros(0)
     if scheme == "fp32":
@@ -224,7 +223,7 @@ def decode(
     elif scheme == "bf16":
         out = raw.view(torch.int16).view(torch.bfloat16).float()
     else:
-        n_groups, sf, top = _scales(raw, numel, group)
+        n_groups, sf, top = scales_of(raw, numel, group)
         out = torch.empty(n_groups * group)
         quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out)
         out = out[:numel]
@@ -235,86 +234,7 @@ def decode(
     return out
 
 
-HOLDABLE = ("int4", "int8", "bf16")  # schemes a syncer may hold as frames (core/fused.py)
-
-
-@dataclass(frozen=True)
-class Unpacked:
-    """What decoding a frame needs no state for (`unpack`): its checked fields and body
-    (decompressed), or the error that refuses it; to be held, the held body, its values' norm
-    and largest |value| (`fused.hold`)."""
-
-    scheme: str = ""
-    numel: int = 0
-    group: int = 1
-    raw: torch.Tensor | None = None
-    held: tuple[fused.Held, float, float] | None = None
-    error: CodecError | None = None
-
-
-def unpack(frame: bytes, numel: int, hold: Any = None) -> Unpacked:
-    """A frame of `numel` values checked and unpacked (`decode_from`'s first part): reads no
-    state, so a driver may run it on its own thread, before it takes the protocol's lock.
-    `hold`: the fused kernels, to measure an int or bf16 body for holding it."""
-    try:
-        scheme, n, group, raw = _body(frame, numel, MAX_NUMEL)
-        if hold is None or not n or scheme not in HOLDABLE:
-            return Unpacked(scheme, n, group, raw)
-        sf, top = torch.zeros(0), 0.0
-        body = raw
-        if scheme != "bf16":
-            n_groups, sf, scale = _scales(raw, n, group)
-            body, top = raw[2 * n_groups :], scale * QBOUND[scheme]
-        held, sq, biggest = fused.hold(hold, scheme, n, group, body.numpy(), sf.numpy())
-        top = max(top, biggest)
-        if not (math.isfinite(top) and math.isfinite(sq)):  # (nan fails isfinite too)
-            raise CodecError("payload holds non-finite values")
-        return Unpacked(scheme, n, group, raw, (held, math.sqrt(sq), top))
-    except CodecError as exc:
-        return Unpacked(error=exc)
-
-
-def decode_from(
-    frame: bytes,
-    base: torch.Tensor,
-    out: torch.Tensor | None = None,
-    hold: Any = None,
-    unpacked: Unpacked | None = None,
-) -> tuple[torch.Tensor | fused.Held, float, bool | None]:
-    """(base - the frame's values, the norm of those values, whether base - values is all
-    finite: None when not checked here), checked as `decode` checks; an int frame in one pass
-    (its values are never whole in memory). `base`: flat float32; `out`: a float32 buffer to
-    write into (used when it holds the frame's groups), else a new one: the values are then a
-    view of that buffer. `hold`: the fused kernels (core/fused.py), to keep an int or bf16
-    frame's body as it is (a `fused.Held`, decoded when its round closes) instead; whether
-    base - values is finite then follows from the largest |base| and |value| (one exact pass
-    when that bound fails). `unpacked`: the frame's `unpack` (with the same `hold`), if done."""
-    u = unpacked if unpacked is not None else unpack(frame, base.numel(), hold)
-    if u.error is not None:
-        raise u.error
-    if u.numel != base.numel():
-        raise CodecError(f"frame holds {u.numel} values, expected {base.numel()}")
-    if u.held is not None:
-        held, norm, top = u.held
-        held = dataclasses.replace(held, base=base)
-        return held, norm, top + held_figures.absmax(base) <= FLT_MAX or all_finite(held.values())
-    scheme, numel, group, raw = u.scheme, u.numel, u.group, u.raw
-    assert raw is not None
-    if scheme not in QMAX or numel == 0:
-        delta = decode(frame, base.numel())
-        norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
-        return torch.sub(base, delta, out=delta), norm, None
-    n_groups, sf, _top = _scales(raw, numel, group)
-    if out is None or out.numel() < n_groups * group:
-        out = torch.empty(n_groups * group)
-    sq = quant.dequantize(raw[2 * n_groups :], sf, group, scheme, out, base)
-    norm = math.sqrt(sq)
-    if not math.isfinite(norm):  # (a float64 sum of float32 squares cannot overflow)
-        raise CodecError("payload holds non-finite values")
-    return out[:numel], norm, None
-
-
-def _scales(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tensor, float]:
+def scales_of(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tensor, float]:
     n_groups = -(-numel // group)
     sf = raw[: 2 * n_groups].view(torch.int16).view(torch.bfloat16).float()
     top = sf.abs().max().item() if n_groups else 0.0
@@ -323,7 +243,7 @@ def _scales(raw: torch.Tensor, numel: int, group: int) -> tuple[int, torch.Tenso
     return n_groups, sf, top
 
 
-def _body(
+def checked_body(
     frame: bytes, expect_numel: int | None, max_numel: int
 ) -> tuple[str, int, int, torch.Tensor]:
     """(scheme, numel, group, the body's bytes) of a frame whose every field was checked."""

@@ -175,3 +175,47 @@ class GlobalState:
                 {**st, "rounds_closed": state["rounds_closed"], "grace": state["grace"]},
                 replace_history=True,
             )
+
+
+class StateView:
+    """The durable state's figures and dicts as a protocol shows them (`self.state`)."""
+
+    state: GlobalState
+
+    @property
+    def theta(self) -> list[torch.Tensor]:
+        return self.state.theta
+
+    @property
+    def public(self) -> list[torch.Tensor]:
+        return self.state.public
+
+    @property
+    def version(self) -> list[int]:
+        return self.state.version
+
+    @property
+    def history(self) -> History:
+        return self.state.history
+
+    @property
+    def outer_state(self) -> list[OuterState]:
+        return self.state.outer_state
+
+    @property
+    def rounds_closed(self) -> int:
+        return self.state.rounds_closed
+
+    def fragment_state(
+        self, p: int, keep_history: int | None = None, copy: bool = True
+    ) -> dict[str, Any]:
+        return self.state.fragment_state(p, keep_history, copy)
+
+    def load_fragment_state(self, st: dict[str, Any], replace_history: bool = False) -> None:
+        self.state.load_fragment_state(st, replace_history)
+
+    def state_dict(self, keep_history: int | None = None, copy: bool = True) -> dict[str, Any]:
+        """`GlobalState.state_dict`; `copy=False`: the protocol's own tensors, which it
+        replaces at each merge and never writes into (a snapshot may write them after the
+        lock is let go: no copy, and the lock is held for microseconds)."""
+        return self.state.state_dict(keep_history, copy)

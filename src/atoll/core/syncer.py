@@ -38,15 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from atoll.core import codec, fused
+from atoll.core import codec, fused, intake
 from atoll.core.admission import HealCache, SeenVersions, can_resume
 from atoll.core.budget import RunEnd, TokenBudget
-from atoll.core.checks import check_contribution, decode_checked
+from atoll.core.checks import Pending, check_contribution, decode_checked
 from atoll.core.counters import token_weight
 from atoll.core.delivery import Delivery
 from atoll.core.events import (
@@ -82,26 +81,16 @@ from atoll.core.messages import (
     TimerKey,
     UpdateKind,
 )
-from atoll.core.outer import OuterOptimizer, OuterState
+from atoll.core.outer import OuterOptimizer
 from atoll.core.pacing import PullRounds
 from atoll.core.round_values import close_values, kernels_for
-from atoll.core.state import Averages, GlobalState, History
+from atoll.core.state import Averages, GlobalState, StateView
 from atoll.core.syncer_config import SyncerConfig
 
 PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that covers many steps
 
 
-@dataclass
-class _Pending:
-    theta: torch.Tensor
-    weight: float
-    c: Contribution
-    staleness: int
-    nbytes: int
-    arrived: float
-
-
-class SyncerProtocol:
+class SyncerProtocol(StateView):
     def __init__(
         self,
         plan: FragmentPlan,
@@ -139,7 +128,7 @@ class SyncerProtocol:
         self.seen = SeenVersions(plan.P, self.served)  # restored, and seen by earlier epochs
         self.live: set[str] = set()
         self.listening: set[str] = set()  # live learners whose pulls can reach them
-        self.pending: list[dict[str, _Pending]] = [{} for _ in range(plan.P)]
+        self.pending: list[dict[str, Pending]] = [{} for _ in range(plan.P)]
         self.quorum_at: list[float | None] = [None] * plan.P
         self.round_id = [0] * plan.P
         self.tick = -1  # pull clock: -1 until the first step time is measured
@@ -151,45 +140,7 @@ class SyncerProtocol:
         self._spare: list[torch.Tensor] = []
         self.end = end or RunEnd(TokenBudget(0))
 
-    # -- the durable state (atoll.core.state) -------------------------------------------------
-    @property
-    def theta(self) -> list[torch.Tensor]:
-        return self.state.theta
-
-    @property
-    def public(self) -> list[torch.Tensor]:
-        return self.state.public
-
-    @property
-    def version(self) -> list[int]:
-        return self.state.version
-
-    @property
-    def history(self) -> History:
-        return self.state.history
-
-    @property
-    def outer_state(self) -> list[OuterState]:
-        return self.state.outer_state
-
-    @property
-    def rounds_closed(self) -> int:
-        return self.state.rounds_closed
-
-    def fragment_state(
-        self, p: int, keep_history: int | None = None, copy: bool = True
-    ) -> dict[str, Any]:
-        return self.state.fragment_state(p, keep_history, copy)
-
-    def load_fragment_state(self, st: dict[str, Any], replace_history: bool = False) -> None:
-        self.state.load_fragment_state(st, replace_history)
-
-    def state_dict(self, keep_history: int | None = None, copy: bool = True) -> dict[str, Any]:
-        """`GlobalState.state_dict`; `copy=False`: the protocol's own tensors, which it
-        replaces at each merge and never writes into (a snapshot may write them after the
-        lock is let go: no copy, and the lock is held for microseconds)."""
-        return self.state.state_dict(keep_history, copy)
-
+    # -- the durable state (atoll.core.state: StateView) ----------------------------------------
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.load_state_dict(state)
         self.loaded()
@@ -274,14 +225,14 @@ class SyncerProtocol:
 
     # -- rounds ------------------------------------------------------------------------------
     def prepare(self, c: Contribution) -> Contribution:
-        """c with its frame checked and unpacked (`codec.unpack`: crc, decompression, the
+        """c with its frame checked and unpacked (`intake.unpack`: crc, decompression, the
         measure of a held body): the part of `on_contribution` that reads no state, for a
         driver to run on its receiving thread before it takes the lock (then it is not done
         again, and the same refusals come in the same order)."""
         p = c.fragment
         if not 0 <= p < self.plan.P or p not in self.owned or c.unpacked is not None:
             return c
-        unpacked = codec.unpack(c.payload, self.plan.fragments[p].numel, kernels_for(self, p))
+        unpacked = intake.unpack(c.payload, self.plan.fragments[p].numel, kernels_for(self, p))
         return dataclasses.replace(c, unpacked=unpacked)
 
     def on_contribution(self, now: float, c: Contribution) -> list:
@@ -306,7 +257,7 @@ class SyncerProtocol:
         if c.step_time > 0:
             self.grace.observe_step(c.step_time)
         weight = token_weight(c.tokens, c.steps) if self.cfg.weighting == "tokens" else 1.0
-        self.pending[p][c.learner] = _Pending(
+        self.pending[p][c.learner] = Pending(
             got.theta, weight, c, self.version[p] - c.base_version, len(c.payload), now
         )
         accepted = Accepted(c.learner, p, c.seq, len(c.payload), c.work_s)
@@ -437,8 +388,8 @@ class SyncerProtocol:
     def _recycle(self, thetas: list[torch.Tensor]) -> None:
         """A closed round's decode buffers serve the next contributions, of any fragment
         (fresh memory costs a page fault per 4 KiB on its first write: ~20 ms per 16M values;
-        a buffer smaller than a fragment's frame is not used for it, codec.decode_from)."""
-        for t in thetas:  # an int frame's values: a view of its buffer (codec.decode_from)
+        a buffer smaller than a fragment's frame is not used for it, intake.decode_from)."""
+        for t in thetas:  # an int frame's values: a view of its buffer (intake.decode_from)
             if (
                 isinstance(t, torch.Tensor)
                 and t._base is not None
