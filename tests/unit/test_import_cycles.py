@@ -7,7 +7,6 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-# cycles known elsewhere, to be broken by their owners (then this list empties and goes)
 def _module(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)
     if parts[-1] == "__init__":

@@ -45,7 +45,7 @@ from atoll.core.events import (
     Timeout,
 )
 from atoll.errors import EXIT_STORE, ConfigError, RunError, restore_hint
-from atoll.eventlog import EventLog, load_events, read_events
+from atoll.eventlog import EventLog, load_events
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
 from atoll.live.common import die_with_parent
@@ -411,7 +411,3 @@ def _wait_all(procs: list[_Proc], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             p.popen.kill()
             p.popen.wait()
-
-
-def events_of(run_dir: Path) -> list[dict[str, Any]]:
-    return read_events(run_dir / "events.jsonl")
