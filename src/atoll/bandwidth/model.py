@@ -123,6 +123,11 @@ def allreduce_factor(pattern: str, datacenters: int) -> float:
     return {"ring": 2.0 * (d - 1) / d, "star": 1.0, "naive": float(d - 1)}[pattern]
 
 
+def ring_allreduce_bytes(nbytes: int, workers: int) -> int:
+    """Bytes each worker sends in a ring all-reduce of an `nbytes` buffer."""
+    return 0 if workers <= 1 else int(2 * (workers - 1) / workers * nbytes)
+
+
 @dataclass(frozen=True)
 class SyncShape:
     """One method's sync: bits sent per link per sync, steps between syncs, hiding window

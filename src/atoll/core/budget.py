@@ -160,3 +160,19 @@ class BudgetShare:
         self.stopped = bool(st.get("stopped", False))
         share = st.get("share")
         self.share = None if share is None else (int(share[0]), float(share[1]))
+
+
+class EvalPoints:
+    """Held-out evaluations at fractions k/n of the token budget, k = 1..n."""
+
+    def __init__(self, budget: int, n: int) -> None:
+        self.budget, self.n, self.next = budget, n, 1
+
+    def due(self, tokens: int) -> int:
+        """How many points `tokens` has reached since the last call (one step can pass
+        several; the caller evaluates once and records that many points)."""
+        passed = 0
+        while self.next <= self.n and tokens >= self.budget * self.next / self.n:
+            self.next += 1
+            passed += 1
+        return passed

@@ -23,7 +23,8 @@ Live learner's communication side: comm_fatal, refused_by_syncer, final_beat_los
 Live syncer: syncer_started, syncer_stopped, restored, snapshot, seen_check, transfer_broken,
     auth_refused (count: refusals since the last one written), limit_reached, snapshot_failed,
     restore_failed (the state on disk cannot be restored: exit 65), disk_failed (the tape could
-    not be written: nothing is committed until disk_recovered)
+    not be written: the syncer exits 75, nothing of the round it would record is sent, and its
+    supervisor restarts it from what is on disk)
 Any process: thread_died (a background thread raised; the process then stops)
 Launcher: run_started, run_ended, timeout, started, restarted, crashed, chaos
 """
@@ -336,11 +337,6 @@ class SnapshotFailed(Record):
 class DiskFailed(Record):
     error: str
     path: str
-
-
-@_kind("disk_recovered")
-class DiskRecovered(Record):
-    paused_s: float
 
 
 @_kind("thread_died")

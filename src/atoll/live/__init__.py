@@ -21,10 +21,6 @@ def __getattr__(name: str) -> object:
         from atoll.live.learner import Learner
 
         return Learner
-    if name == "save_init":
-        from atoll.model.custom import save_init  # moved there; kept here for old callers
-
-        return save_init
     raise AttributeError(name)
 
 

@@ -19,20 +19,20 @@ from collections.abc import Callable
 
 import torch
 
+from atoll.bandwidth.model import ring_allreduce_bytes
 from atoll.config import SimConfig
 from atoll.core import codec
+from atoll.core.budget import EvalPoints
 from atoll.core.outer import OuterOptimizer, OuterState
 from atoll.model.data import TokenCorpus
 from atoll.model.recipe import load_corpus, new_model
 from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
 from atoll.sim.world import (
-    EvalPoints,
     FailureSchedule,
     ProgressFn,
     RunResult,
     StepClock,
     dp_equivalent_bytes,
-    ring_allreduce_bytes,
     ring_allreduce_time,
     timeline,
 )

@@ -34,6 +34,7 @@ import torch
 from atoll import metrics
 from atoll.config import SimConfig
 from atoll.core import codec
+from atoll.core.budget import EvalPoints
 from atoll.core.codec import ContributionEncoder
 from atoll.core.events import Evaluated, Event, Failed, Reconnected, Rejoined, Sent
 from atoll.core.fragments import make_plan
@@ -60,7 +61,6 @@ from atoll.sim.faults import Faults
 from atoll.sim.learner import Answered, SimLearner, nbytes_of
 from atoll.sim.world import (
     STAT_KEYS,
-    EvalPoints,
     FailureSchedule,
     Link,
     ProgressFn,

@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from atoll.bandwidth.model import ring_allreduce_bytes
 from atoll.chaos import Fault, Scenario, load
 from atoll.config import SimConfig
 from atoll.core.budget import RunEnd, TokenBudget
@@ -130,31 +131,10 @@ class Link:
         self.busy_until = now
 
 
-class EvalPoints:
-    """Held-out evaluations at fractions k/n of the token budget, k = 1..n."""
-
-    def __init__(self, budget: int, n: int) -> None:
-        self.budget, self.n, self.next = budget, n, 1
-
-    def due(self, tokens: int) -> int:
-        """How many points `tokens` has reached since the last call (one step can pass
-        several; the caller evaluates once and records that many points)."""
-        passed = 0
-        while self.next <= self.n and tokens >= self.budget * self.next / self.n:
-            self.next += 1
-            passed += 1
-        return passed
-
-
 def dp_equivalent_bytes(cfg: SimConfig, tokens: int, model_bytes: int) -> int:
     """Bytes a data-parallel ring all-reduce of fp32 gradients sends for `tokens` tokens."""
     dp_steps = tokens / (cfg.learners * cfg.batch * cfg.context)
     return int(dp_steps * cfg.learners * ring_allreduce_bytes(model_bytes, cfg.learners))
-
-
-def ring_allreduce_bytes(nbytes: int, workers: int) -> int:
-    """Bytes each worker sends in a ring all-reduce of an `nbytes` buffer."""
-    return 0 if workers <= 1 else int(2 * (workers - 1) / workers * nbytes)
 
 
 def ring_allreduce_time(nbytes: int, workers: int, bandwidth_bps: float, latency_s: float) -> float:

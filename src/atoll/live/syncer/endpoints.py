@@ -47,10 +47,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from atoll import metrics
+from atoll.bandwidth.model import ring_allreduce_bytes
 from atoll.core.events import FINISHED, Evaluated, Event, Joined, Lost, Refused, RoundClosed
 from atoll.live.syncer.chart_history import ChartHistory, TokenRates, replayed
 from atoll.live.syncer.page import PAGE
-from atoll.sim.world import ring_allreduce_bytes
 from atoll.threads import guarded
 
 if TYPE_CHECKING:

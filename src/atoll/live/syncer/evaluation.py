@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from atoll.core.budget import EvalPoints
 from atoll.core.events import Evaluated
-from atoll.sim.world import EvalPoints
 from atoll.threads import guarded
 
 if TYPE_CHECKING:
