@@ -163,7 +163,7 @@ def _encode(
         g, scales = _groupscales_of(x, qmax, group)
         sf = scales.float().unsqueeze(1)
         n_groups = g.shape[0]
-        body_arr = bytearray(_body_len(scheme, x.numel(), group))
+        body_arr = bytearray(body_len(scheme, x.numel(), group))
         with warnings.catch_warnings():  # torch warns of every non-writable buffer, not this
             warnings.simplefilter("ignore", UserWarning)
             raw = (
@@ -262,7 +262,7 @@ def checked_body(
         raise CodecError(f"body is {len(body)} bytes, header says {blen}")
     if crc32(body) != crc:
         raise CodecError("checksum mismatch: the payload was corrupted")
-    expected = _body_len(scheme, numel, group)
+    expected = body_len(scheme, numel, group)
     if flags & _ZSTD_FLAG:
         body = _decompress(body, expected)
     if len(body) != expected:
@@ -292,7 +292,7 @@ def _decompress(body: bytes, expected: int) -> bytes:
         raise CodecError(f"zstd: {exc}") from exc
 
 
-def _body_len(scheme: str, numel: int, group: int) -> int:
+def body_len(scheme: str, numel: int, group: int) -> int:
     if scheme == "fp32":
         return 4 * numel
     if scheme == "bf16":

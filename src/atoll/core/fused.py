@@ -22,6 +22,7 @@ compiles them (tens of seconds), later processes load them (about a second).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from atoll.core import quant
+from atoll.core import codec, quant
 from atoll.errors import ConfigError
 
 FUSED_MODES = ("auto", "on", "off")
@@ -208,15 +209,17 @@ def _held_args(k: Any, held: Sequence[Held]) -> tuple:
             List([_np(h.base) for h in held]))  # fmt: skip
 
 
-def _blocks(k: Any, sizes: Sequence[int]) -> tuple[Any, Any, Any]:
-    """(tensor, start, end) of each block: k.BLOCK values at most, never across a tensor."""
+@functools.lru_cache(maxsize=64)
+def _blocks(block: int, sizes: tuple[int, ...]) -> tuple[Any, Any, Any]:
+    """(tensor, start, end) of each block: `block` values at most, never across a tensor
+    (the same arrays for every round of a fragment: the kernels only read them)."""
     bt, bs, be = [], [], []
     start = 0
     for t, size in enumerate(sizes):
-        for s in range(start, start + size, k.BLOCK):
+        for s in range(start, start + size, block):
             bt.append(t)
             bs.append(s)
-            be.append(min(s + k.BLOCK, start + size))
+            be.append(min(s + block, start + size))
         start += size
     as64 = [np.asarray(x, dtype=np.int64) for x in (bt, bs, be)]
     return as64[0], as64[1], as64[2]
@@ -237,7 +240,7 @@ def merge(
     """`merge.merge_flat` of the held contributions before its last step: (sum_m c[m,t]
     (theta - theta_m) as float32, the factor of each tensor t to multiply it by). `w`: the
     normalized weights."""
-    bt, bs, be = _blocks(k, sizes)
+    bt, bs, be = _blocks(k.BLOCK, tuple(sizes))
     m_count, t_count = len(held), len(sizes)
     th = _np(theta)
     out = torch.empty(theta.numel(), dtype=torch.float32)
@@ -284,8 +287,7 @@ def step_encode(
     n = theta.numel()
     g = max(1, min(group, n))
     n_groups = -(-n // g)
-    padded = n_groups * g
-    body = bytearray(2 * n_groups + (padded if scheme == "int8" else -(-padded // 2)))
+    body = bytearray(codec.body_len(scheme, n, g))
     raw = np.frombuffer(body, dtype=np.uint8)
     scales = np.empty(n_groups, dtype=np.float32)
     new_theta, new_public = _take(n), _take(n)
