@@ -14,7 +14,8 @@ dynamic threshold otherwise keeps them: what a deployment should set too):
 - `frames0_h4`: frames only and history = 4 (bases up to 3 versions old, as fed here).
 M learners each contribute to every round, on a base 0-3 versions old (resolved from the
 history), with the same pre-encoded int4 payloads (content does not matter to memory).
-The process's baseline (Python, torch, codec warmed up, before any model-sized tensor) is
+The process's baseline (Python, torch, codec warmed up, the fused round's kernels loaded as the
+syncer loads them at its start: numba, about 136 MB; before any model-sized tensor) is
 measured and added to the formula's prediction.
 
     .venv/bin/python benchmarks/syncer_memory.py [--values 4000000 --P 4 --M 4 --rounds 130]
@@ -62,9 +63,12 @@ def worker(args: argparse.Namespace) -> dict:
     from atoll.core.syncer import SyncerConfig, SyncerProtocol
 
     codec.decode(codec.encode(torch.randn(4096), "int4"))  # warm the codec's paths
-    base = rss()
     N, P, M = args.values, args.P, args.M
     n = N // P
+    from atoll.core import fused
+
+    fused.kernels(n)  # the round's kernels, as the syncer loads them at its start (numba: fixed)
+    base = rss()
     plan = make_plan({f"w{p}": (n,) for p in range(P)}, P=P, H=P)
     kw = dict(MODES[args.mode])
     if kw.get("history_bytes") == "4x":

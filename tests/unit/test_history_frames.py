@@ -159,9 +159,10 @@ def test_memory_formula_frames_only_and_settings():
     n = -(-N // P)  # ceil
     d, f = memory_bytes(N, P, M), memory_bytes(N, P, M, full_every=0)
     assert f["history"] == P * 63 * frame_bytes(n, "int4") < d["history"]
-    # a snapshot copies every version it writes but the newest (RECENT = 2 shared otherwise)
-    assert f["snapshot_peak"] - f["steady"] == 2 * 4 * n * P * (2 + 8 - 1)
-    assert d["snapshot_peak"] - d["steady"] == 2 * 4 * n * P * (2 + 8 - 2)
+    # a snapshot writes the protocol's tensors, and resolves every version it writes but the
+    # newest from frames (RECENT = 2 held in full otherwise)
+    assert f["snapshot_peak"] - f["steady"] == 4 * n * P * (8 - 1)
+    assert d["snapshot_peak"] - d["steady"] == 4 * n * P * (8 - 2)
     small = memory_bytes(N, P, M, full_every=0, history=4, heal_codec="int4")
     assert small["steady"] / N <= 12  # BENCHMARKS.md section 11
     assert memory_bytes(N, P, M, full_every=0, history=4)["steady"] / N > 12

@@ -13,14 +13,21 @@ rounds, once warm):
       (down_codec fp32: every version in full, 4n * (K - 1)); with history_bytes > 0 at most
       that many bytes in all; plus one resolved version cached, 4n
     heal frames                    P * F(n, heal_codec)  (once a learner healed)
-    open rounds                    open_rounds * M * (4n + F(n, up_codec))  (between
+    open rounds                    open_rounds * M * 2 F(n, up_codec): each contribution
+                                   held as its frame and its body decompressed (the fused
+                                   round, fragments of 256K values and up: core/fused.py);
+                                   else M * (4n + F(n, up_codec)), its decoded values (between
                                    rounds the M decode buffers are kept for the next one)
+    round buffers                  held: up to POOL (6) * 4n that committed rounds let go of,
+                                   kept for the next closes (fused.give)
 Transient, on top, at their moments:
-    closing a round                (M + 8) * 4n  (deltas, merge, new values, broadcast,
-                                   the tape record)
-    a snapshot                     (2 + outer + snapshot_history - shared) * 4n * P, and its
-                                   serialized bytes (about the same again); shared: the
-                                   newest versions held in full, RECENT (frames only: 1)
+    closing a round                held: (4 + outer) * 4n (the merge, the new values, the
+                                   broadcast); else (M + 8) * 4n (deltas, merge, new values,
+                                   broadcast, the tape record)
+    a snapshot                     (snapshot_history - shared) * 4n * P: the older versions
+                                   it resolves from frames (it writes the protocol's own
+                                   tensors, never copies, piece by piece); shared: the newest
+                                   versions held in full, RECENT (frames only: 1)
 with n = N / P and F(n, scheme) a frame's bytes (28 + the body: 4n fp32, 2n bf16,
 n + 2 * groups int8, n/2 + 2 * groups int4, groups = ceil(n / group); plus at most
 body/256 + 64 that zstd adds to a body it cannot shrink). Not counted: the
@@ -32,6 +39,8 @@ from __future__ import annotations
 
 import math
 
+from atoll.core.fused import MIN_VALUES as FUSED_MIN_VALUES
+from atoll.core.fused import POOL
 from atoll.core.history import RECENT
 
 HEADER = 28  # a codec frame's header (core/codec.py)
@@ -84,10 +93,14 @@ def memory_bytes(
     open_rounds: int = 1,
     snapshot_history: int = 8,
     base_bytes: int = 0,
+    fused: str = "auto",
 ) -> dict[str, int]:
     """The syncer's bytes by component (module docstring), `steady` (held between rounds,
-    once warm), `round_peak` (steady + closing a round) and `snapshot_peak`."""
+    once warm), `round_peak` (steady + closing a round) and `snapshot_peak`. `fused`: the
+    syncer's setting (its rounds hold contributions as their frames for fragments the kernels
+    take, core/fused.py)."""
     n = math.ceil(N / P)
+    held = fused == "on" or (fused == "auto" and n >= FUSED_MIN_VALUES)
     outer_copies = OUTER_COPIES.get(outer, 2)
     hist = P * history_bytes_per_fragment(n, history, full_every, down_codec, group)
     if history_bytes > 0:
@@ -98,15 +111,24 @@ def memory_bytes(
         "history": hist,
         "history_cache": 4 * n,
         "heal_frames": P * frame_bytes(n, heal_codec, group),
-        "open_rounds": open_rounds * M * (4 * n + frame_bytes(n, up_codec, group)),
+        "open_rounds": open_rounds * M * pending_bytes(n, up_codec, group, held),
+        "round_buffers": POOL * 4 * n if held else 0,
         "base": base_bytes,
     }
     steady = sum(parts.values())
     shared = RECENT if full_every else 1  # newest versions a snapshot shares, not copies
-    snap = 4 * n * P * (2 + outer_copies + max(0, snapshot_history - shared))
+    snap = 4 * n * P * max(0, snapshot_history - shared)  # the older versions it resolves
+    closing = (4 + outer_copies) * 4 * n if held else (M + 8) * 4 * n
     return {
         **parts,
         "steady": steady,
-        "round_peak": steady + (M + 8) * 4 * n,
-        "snapshot_peak": steady + 2 * snap,
+        "round_peak": steady + closing,
+        "snapshot_peak": steady + snap,
     }
+
+
+def pending_bytes(n: int, up_codec: str, group: int = 64, held: bool = True) -> int:
+    """One contribution waiting for its round: its frame, and either the frame's body
+    decompressed (held, core/fused.py) or its decoded values (4 bytes a value)."""
+    frame = frame_bytes(n, up_codec, group)
+    return 2 * frame if held else 4 * n + frame

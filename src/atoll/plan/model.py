@@ -60,7 +60,7 @@ NS_PER_VALUE = 10.0  # ns of syncer CPU per contributed value
 PER_CONTRIBUTION_S = 12.2e-3  # CPU seconds per contribution, whatever its size
 SNAPSHOT_NS_PER_BYTE = 2.07  # CPU ns per byte of a snapshot file
 TAPE_BYTES_PER_VALUE = 8  # a tape record: the exact and public values, float32
-PROCESS_BYTES = 0.3e9  # Python, torch, gRPC: an idle syncer's RSS (BENCHMARKS.md s4: 273 MB)
+PROCESS_BYTES = 0.45e9  # Python, torch, gRPC (BENCHMARKS.md s4: 273 MB idle) + numba: 136 MB
 HISTORY = SyncerConfig.history  # public versions kept per fragment (64 today)
 OUTER_BYTES = {"sgd": 0, "nesterov": 4, "delayed_nesterov": 8}
 # Calibrated fixed costs on the wire (BENCHMARKS.md s7, benchmarks/wire_overhead.py)
