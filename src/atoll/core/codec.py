@@ -215,7 +215,11 @@ def peek(frame: bytes) -> tuple[str, int]:
 def decode(
     frame: bytes, expect_numel: int | None = None, max_numel: int = MAX_NUMEL
 ) -> torch.Tensor:
-    scheme, numel, group, raw = checked_body(frame, expect_numel, max_numel)
+    return decode_body(*checked_body(frame, expect_numel, max_numel))
+
+
+def decode_body(scheme: str, numel: int, group: int, raw: torch.Tensor) -> torch.Tensor:
+    """The values of a frame's body (`checked_body`), checked finite."""
     if numel == 0:
         return torch.zeros(0)
     if scheme == "fp32":

@@ -39,6 +39,7 @@ from atoll.errors import ConfigError
 
 FUSED_MODES = ("auto", "on", "off")
 MIN_VALUES = 1 << 18
+HOLDABLE = ("int8", "int4", "bf16")  # the schemes of the frames a round holds
 log = logging.getLogger("atoll.syncer")
 
 _load_lock = threading.Lock()
@@ -147,11 +148,11 @@ class Held:
 
     def values(self) -> torch.Tensor:
         """theta_m whole, as the reference decodes it (core/quant.py)."""
-        out = torch.empty(-(-self.numel // self.group) * self.group)
         raw = torch.from_numpy(self.body.copy())
         if self.scheme == "bf16":
             out = raw.view(torch.bfloat16).float()
             return torch.sub(self.base, out[: self.numel], out=out[: self.numel])
+        out = torch.empty(-(-self.numel // self.group) * self.group)
         quant.dequantize(raw, torch.from_numpy(self.sf), self.group, self.scheme, out, self.base)
         return out[: self.numel]
 
@@ -161,14 +162,22 @@ def hold(
 ) -> tuple[Held, float, float]:
     """A frame's body held (`Held`, its base still to be set): (it, the sum of its values'
     squares, for bf16 the largest |value| (inf or nan: one is not finite), else 0)."""
-    body = np.frombuffer(body, dtype=np.uint8) if not isinstance(body, np.ndarray) else body
     body.flags.writeable = False
     group = 1 if scheme == "bf16" else group
-    code = {"int8": k.INT8, "int4": k.INT4, "bf16": k.BF16}[scheme]
     with _lock:
-        part, top = k.body_squares(body, sf, group, code, numel)
-    biggest = np.array([top.max() if len(top) else 0], dtype=np.uint32).view(np.float32)[0]
-    return Held(scheme, group, body, sf, None, numel), float(part.sum()), float(biggest)
+        part, top = k.body_squares(body, sf, group, _code(k, scheme), numel)
+    biggest = _f32(top.max() if len(top) else 0)
+    return Held(scheme, group, body, sf, None, numel), float(part.sum()), biggest
+
+
+def _code(k: Any, scheme: str) -> int:
+    """The kernels' number for a held body's scheme (one of HOLDABLE)."""
+    return {"int8": k.INT8, "int4": k.INT4, "bf16": k.BF16}[scheme]
+
+
+def _f32(bits: Any) -> float:
+    """The float32 whose bits are the uint32 `bits` (a kernel's largest |value|)."""
+    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
 
 
 def give(*tensors: torch.Tensor | None) -> None:
@@ -203,9 +212,9 @@ def _take(n: int) -> torch.Tensor:
 def _held_args(k: Any, held: Sequence[Held]) -> tuple:
     from numba.typed import List
 
-    code = {"int8": k.INT8, "int4": k.INT4, "bf16": k.BF16}[held[0].scheme]
     groups = np.asarray([h.group for h in held], dtype=np.int64)
-    return (List([h.body for h in held]), List([h.sf for h in held]), groups, code,
+    return (List([h.body for h in held]), List([h.sf for h in held]), groups,
+            _code(k, held[0].scheme),
             List([_np(h.base) for h in held]))  # fmt: skip
 
 
@@ -280,7 +289,7 @@ def step_encode(
     scheme: str,
     group: int,
     qmax: int,
-) -> tuple[bool, float, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, bytes]:
+) -> tuple[bool, float, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, bytearray]:
     """The close after the merge (fused_kernels.step_encode): (all finite, the largest
     |change|, new theta, new momentum buffer or None, new public value, the bf16 scales,
     the frame's body before compression)."""
@@ -304,7 +313,6 @@ def step_encode(
             _np(new_theta), _np(new_buf) if new_buf is not None else np.zeros(0, dtype=f32),
             _np(new_public), scales, raw[2 * n_groups :], n,
         )  # fmt: skip
-    top = np.array([top_bits], dtype=np.uint32).view(np.float32)[0]
     sf = torch.from_numpy(scales)
     raw[: 2 * n_groups].view(np.int16)[:] = sf.to(torch.bfloat16).view(torch.int16).numpy()
-    return bool(ok), float(top), new_theta, new_buf, new_public, sf, bytes(body)
+    return bool(ok), _f32(top_bits), new_theta, new_buf, new_public, sf, body

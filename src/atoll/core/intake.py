@@ -21,11 +21,9 @@ from atoll.core.codec import (
     CodecError,
     all_finite,
     checked_body,
-    decode,
+    decode_body,
     scales_of,
 )
-
-HOLDABLE = ("int4", "int8", "bf16")  # schemes a syncer may hold as frames (core/fused.py)
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ def unpack(frame: bytes, numel: int, hold: Any = None) -> Unpacked:
     `hold`: the fused kernels, to measure an int or bf16 body for holding it."""
     try:
         scheme, n, group, raw = checked_body(frame, numel, MAX_NUMEL)
-        if hold is None or not n or scheme not in HOLDABLE:
+        if hold is None or not n or scheme not in fused.HOLDABLE:
             return Unpacked(scheme, n, group, raw)
         sf, top = torch.zeros(0), 0.0
         body = raw
@@ -90,8 +88,8 @@ def decode_from(
         return held, norm, top + held_figures.absmax(base) <= FLT_MAX or all_finite(held.values())
     scheme, numel, group, raw = u.scheme, u.numel, u.group, u.raw
     assert raw is not None
-    if scheme not in QMAX or numel == 0:
-        delta = decode(frame, base.numel())
+    if scheme not in QMAX or numel == 0:  # (the body unpacked: not checked a second time)
+        delta = decode_body(scheme, numel, group, raw)
         norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64))
         return torch.sub(base, delta, out=delta), norm, None
     n_groups, sf, _top = scales_of(raw, numel, group)

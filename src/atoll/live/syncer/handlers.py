@@ -48,14 +48,12 @@ class Handlers(pbg.SyncerServicer):
     def _frames(self, u, learner: str, heal: bool = False) -> Iterator[pb.Down]:
         chunk = self._welcome.chunk_bytes
         inline = len(u.payload) <= chunk  # one message instead of two
-        t0 = time.thread_time()
-        msg = pb.Down(update=convert.update_header(u, heal, inline))
-        self.rt.cpu.add("send", time.thread_time() - t0)
+        with self.rt.cpu.timed("send"):
+            msg = pb.Down(update=convert.update_header(u, heal, inline))
         yield msg
         for part in [] if inline else split(u.payload, chunk):
-            t0 = time.thread_time()
-            msg = pb.Down(chunk=part)
-            self.rt.cpu.add("send", time.thread_time() - t0)
+            with self.rt.cpu.timed("send"):
+                msg = pb.Down(chunk=part)
             yield msg
         with self.rt.lock:
             self.rt.acct["bytes_out"] += len(u.payload)
