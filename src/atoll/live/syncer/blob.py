@@ -47,11 +47,6 @@ def crc32(parts: list[Any]) -> int:
     return c & 0xFFFFFFFF
 
 
-def write(fh: Any, parts: list[Any]) -> None:
-    for p in parts:
-        fh.write(p)
-
-
 def joined(parts: list[Any]) -> bytes:
     """The blob as one bytes object (for a reader in memory, a test)."""
     return b"".join(bytes(p) for p in parts)

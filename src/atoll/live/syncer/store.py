@@ -8,10 +8,11 @@ only puts those dicts into files.
 Tape: files ``tape/<first seq>.tape`` of records ``len u32 | crc32 u32 | body``; the body is a
 safetensors blob holding the fragment's new exact value, public value and outer-optimizer
 state, with JSON metadata (seq, fragment, version, grace EMAs, the driver's accounting). A
-record is written (and flushed to the OS, optionally fsync'ed) *before* the merge is broadcast,
-so whatever a learner has seen is on the tape. A torn last record (a crash during the write)
-fails its length or crc check: restore drops it (it was never broadcast), says so
-(`RestoreResult.torn`) and cuts it off the file, so that the next records follow intact ones.
+record is written (to the OS, past its page cache where it can: disk.py; optionally fsync'ed)
+*before* the merge is broadcast, so whatever a learner has seen is on the tape. A torn last
+record (a crash during the write) fails its length or crc check: restore drops it (it was
+never broadcast), says so (`RestoreResult.torn`) and cuts it off the file, so that the next
+records follow intact ones.
 
 Snapshot: ``snapshot.safetensors`` written to a temporary file, fsync'ed and renamed (atomic),
 with a crc32 of its JSON metadata and tensors (snapshots without one, of earlier versions, are
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from atoll.core.syncer import SyncerProtocol
-from atoll.live.syncer import blob
+from atoll.live.syncer import blob, disk
 from atoll.live.syncer.store_read import (
     CRC_KEY,
     REC,
@@ -87,24 +88,23 @@ class Tape:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self.next_seq = 0
-        self._fh: Any = None
+        self._w: disk.Writer | None = None
 
     def open_segment(self, start: int) -> None:
-        if self._fh is not None:
-            self._fh.close()
+        if self._w is not None:
+            self._w.close()
         self.next_seq = start
-        self._fh = open(self.folder / f"{start:012d}.tape", "ab")
+        self._w = disk.Writer(self.folder / f"{start:012d}.tape", fresh=False)
 
     def append(self, body: bytes | list[Any]) -> int:
         """Write one record (a blob, or its `blob.pieces`); returns its seq. Flushed to the
         OS before returning."""
         seq = self.next_seq
         parts = [body] if isinstance(body, (bytes, bytearray)) else body
-        self._fh.write(REC.pack(blob.size(parts), blob.crc32(parts)))
-        blob.write(self._fh, parts)
-        self._fh.flush()
+        assert self._w is not None, "open_segment first"
+        self._w.write([REC.pack(blob.size(parts), blob.crc32(parts)), *parts])
         if self.fsync:
-            os.fsync(self._fh.fileno())
+            self._w.sync()
         self.next_seq += 1
         return seq
 
@@ -119,13 +119,13 @@ class Tape:
     def drop_before(self, seq: int) -> None:
         """Delete segments that start before `seq` (whose records a snapshot covers)."""
         for start, f in self.segments():
-            if start < seq and (self._fh is None or Path(self._fh.name) != f):
+            if start < seq and (self._w is None or self._w.path != f):
                 f.unlink(missing_ok=True)
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._w is not None:
+            self._w.close()
+            self._w = None
 
 
 def read_records(path: Path) -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
@@ -166,10 +166,9 @@ def write_snapshot(
     text = json.dumps(meta)
     parts = blob.pieces(tensors, {"json": text, CRC_KEY: digest(text, tensors)})
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        blob.write(fh, parts)
-        fh.flush()
-        os.fsync(fh.fileno())
+    with disk.Writer(tmp) as w:  # past the page cache (disk.py)
+        w.write(parts)
+        w.sync()
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
