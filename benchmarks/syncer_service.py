@@ -17,11 +17,13 @@ Reported per size:
   sampled                    py-spy's split of the same window (the innermost frame that names a
                              step, STEPS below): it also counts threads that were runnable on
                              the syncer's one core, not running, so it over-weights long steps.
-Two sizes give the line CPU per contribution = fixed + ns_per_value * values (snapshots, a cost
+Each size runs --repeats times (the sizes in turn); its row holds the medians of its runs. Two
+sizes give the line CPU per contribution = fixed + ns_per_value * values (snapshots, a cost
 per snapshot and not per contribution, left out; given apart, in CPU seconds per snapshot).
 
     .venv/bin/python benchmarks/syncer_service.py [--sizes 512x8,1024x8] [--seconds 60]
-        [--step-s 2] [--clients 8] [--out benchmarks/results/syncer_service/service.json]
+        [--step-s 2] [--clients 8] [--repeats 3]
+        [--out benchmarks/results/syncer_service/service.json]
 
 Needs py-spy (a dev dependency) and the right to trace a child process (root, or
 kernel.yama.ptrace_scope 0).
@@ -233,6 +235,21 @@ def run_size(d_model: int, n_layer: int, args: argparse.Namespace) -> dict:
     return row
 
 
+def median_row(rows: list[dict]) -> dict:
+    """Each number the median of the runs' (nested dicts too); the rest from the first."""
+    import statistics
+
+    def med(vals: list) -> object:
+        if isinstance(vals[0], dict):
+            return {k: med([v.get(k, 0.0) for v in vals]) for k in vals[0]}
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if nums and all(v is None or v in nums for v in vals):
+            return statistics.median(nums)  # (a run without a snapshot has None for its cost)
+        return vals[0]
+
+    return {k: med([r[k] for r in rows]) for k in rows[0]}
+
+
 def free_port() -> int:
     import socket
 
@@ -286,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a syncer setting (default: eval=false: the live evaluation of the "
                     "global model costs per evaluation point, not per contribution)")  # fmt: skip
     ap.add_argument("--syncer-env", action="append", default=[], help="KEY=VALUE")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per size (rows: medians)")
     ap.add_argument("--keep", action="store_true", help="keep the runs' folders (GBs)")
     ap.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).parent
                                                                       / "py-spy"))  # fmt: skip
@@ -294,10 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     if not os.access(a.py_spy, os.X_OK):
         ap.error(f"--py-spy {a.py_spy!r} is not an executable: pip install py-spy")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [run_size(*map(int, s.split("x")), a) for s in a.sizes.split(",")]
+    sizes = a.sizes.split(",")
+    runs: dict[str, list[dict]] = {s: [] for s in sizes}
+    for k in range(a.repeats):  # the sizes in turn, so that a slow spell hits both
+        for s in sizes:
+            print(f"[repeat {k + 1}/{a.repeats}]", file=sys.stderr, flush=True)
+            runs[s].append(run_size(*map(int, s.split("x")), a))
+    rows = [median_row(runs[s]) for s in sizes]
     doc = {"clients": a.clients, "step_s": a.step_s, "seconds": a.seconds, "sets": a.sets,
-           "syncer_env": a.syncer_env,
-           "rows": rows, "fit": fit(rows)}  # fmt: skip
+           "syncer_env": a.syncer_env, "repeats": a.repeats,
+           "rows": rows, "runs": runs, "fit": fit(rows)}  # fmt: skip
     a.out.write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc["fit"]), file=sys.stderr)
     return 0

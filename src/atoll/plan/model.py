@@ -14,8 +14,9 @@ section 10c: `atoll syncer` with its default settings, the fused round and the t
 learners pushing int4 frames over loopback, models of 25.5M and 101M parameters, P = 24:
 1.07M and 4.1M values a contribution): the whole process's CPU time (user and system: gRPC,
 decompression, checks, merge, outer step, broadcast encode, tape record, sends, heartbeats)
-less its snapshots', per contribution, a line through both sizes. Rounds of M contributions,
-as a live run has them (the fit of earlier versions came from one-learner rounds).
+less its snapshots', per contribution, a line through both sizes (each the median of 3 runs).
+Rounds of M contributions, as a live run has them (the fit of earlier versions came from
+one-learner rounds).
 A shard's protocol runs under one lock (the round's kernels may use `syncer_threads` cores,
 BENCHMARKS.md section 10b: 1.65x on 2; the service with threads is not measured here), so the
 plan keeps each shard at or under `max_core_load` of one core (0.5 by default: section 4's core
@@ -56,9 +57,9 @@ from atoll.errors import ConfigError
 
 # Measured rates (see the module docstring for where each comes from): benchmarks/results/
 # syncer_service/service.json, its "fit" and its 101M row (tests/unit/test_plan.py holds them to it)
-NS_PER_VALUE = 10.0  # ns of syncer CPU per contributed value
-PER_CONTRIBUTION_S = 12.2e-3  # CPU seconds per contribution, whatever its size
-SNAPSHOT_NS_PER_BYTE = 2.07  # CPU ns per byte of a snapshot file
+NS_PER_VALUE = 12.7  # ns of syncer CPU per contributed value
+PER_CONTRIBUTION_S = 11.2e-3  # CPU seconds per contribution, whatever its size
+SNAPSHOT_NS_PER_BYTE = 0.287  # CPU ns per byte of a snapshot file (written past the page cache)
 TAPE_BYTES_PER_VALUE = 8  # a tape record: the exact and public values, float32
 PROCESS_BYTES = 0.45e9  # Python, torch, gRPC (BENCHMARKS.md s4: 273 MB idle) + numba: 136 MB
 HISTORY = SyncerConfig.history  # public versions kept per fragment (64 today)
