@@ -102,6 +102,54 @@ def test_a_joined_learner_cannot_end_the_budget_with_one_beat(live):
     join.cancel()
 
 
+# issue 28: learners joining a 100M syncer together were all dropped 3 s after they joined
+def test_a_join_that_waited_for_the_lock_is_not_dropped_for_the_time_it_waited(live, monkeypatch):
+    """A learner's silence counts from its admission, not from its call: a join that waited
+    longer than lost_after_s (1 s here) behind the lock is not lost the moment it is in."""
+    service, stub, _, _ = live
+    real = service.runtime.proto.on_join
+
+    def slow(*a, **k):  # what the lock's other holders (a heal's encode, a close) cost it
+        time.sleep(1.5)
+        return real(*a, **k)
+
+    monkeypatch.setattr(service.runtime.proto, "on_join", slow)
+    join = stub.Join(pb.Hello(protocol=PROTOCOL, learner="L0", incarnation="i0"), metadata=MD)
+    next(join)  # the welcome
+    time.sleep(0.5)  # two rounds of the reaper, still within lost_after_s of the admission
+    reply = stub.Heartbeat(pb.Beat(learner="L0", incarnation="i0", step=1), metadata=MD, timeout=5)
+    assert reply.known
+    join.cancel()
+
+
+def test_a_learner_reading_a_long_heal_is_not_dropped_as_silent(live):
+    """A learner sends no heartbeat before it has a model (a heal of 100M parameters takes
+    seconds on a slow link): each heal message it takes refreshes its session. Read here
+    for about twice lost_after_s, a message every 50 ms."""
+    service, stub, _, _ = live
+
+    class Context:  # what the Join handler uses of gRPC's
+        def add_callback(self, fn):
+            pass
+
+        def abort(self, code, details):
+            raise AssertionError(details)
+
+    service.handlers._welcome.chunk_bytes = 64  # the heal in many messages
+    hello = pb.Hello(protocol=PROTOCOL, learner="L0", incarnation="i0")
+    stream = service.handlers.Join(hello, Context())
+    assert next(stream).WhichOneof("body") == "welcome"
+    t0, read = time.time(), 0
+    for msg in stream:
+        read += 1
+        if msg.WhichOneof("body") == "update" and msg.update.fragment == CFG.P - 1:
+            break
+        time.sleep(0.05)
+    assert time.time() - t0 > 2.0 and read > 40  # longer than lost_after_s (1 s)
+    reply = stub.Heartbeat(pb.Beat(learner="L0", incarnation="i0", step=1), metadata=MD, timeout=5)
+    assert reply.known
+
+
 # issue 9, defect 7
 def test_pulls_streams_without_a_session_are_closed_and_bounded(live):
     service, stub, _, tmp_path = live

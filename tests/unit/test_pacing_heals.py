@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from atoll.config import SimConfig
@@ -136,6 +137,29 @@ def test_a_heal_sends_in_full_what_changed_and_what_does_not_match():
     (heal,) = [o.message for o in s.on_join(3.0, "L8", digests=wrong) if isinstance(o, Send)]
     assert {u.kind for u in heal.updates} == {"full"}
     assert heal.nbytes == s.heal_message().nbytes > 0
+
+
+def test_a_heal_prepared_before_the_lock_is_only_looked_up_by_the_join(monkeypatch):
+    """`prepare_heal` encodes and digests outside the driver's lock; `on_join` then encodes
+    nothing (at 100M parameters that took over a second under the lock, and learners joining
+    together were dropped as silent). A fragment merged in between is encoded again."""
+    s = syncer()
+    names, tensors = _named(s)
+    wrong = {n: b"\0" * 16 for n in names}  # a learner holding other weights: all in full
+    want = [o.message for o in syncer().on_join(0.0, "L9", digests=wrong) if isinstance(o, Send)]
+    s.prepare_heal(wrong)
+    real = codec.encode
+    calls = []
+    monkeypatch.setattr(codec, "encode", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(codec, "digest", lambda t: pytest.fail("digested under the lock"))
+    (heal,) = [o.message for o in s.on_join(0.0, "L9", digests=wrong) if isinstance(o, Send)]
+    assert calls == [] and heal == want[0]  # the same frames, none encoded by the join
+    monkeypatch.setattr(codec, "encode", real)
+    answer(s, "L9", 0, 1.0)
+    s.close_all(2.0)  # fragment 0 is replaced: its cached frame no longer matches
+    monkeypatch.setattr(codec, "encode", lambda *a, **k: calls.append(a) or real(*a, **k))
+    (heal,) = [o.message for o in s.on_join(3.0, "L8") if isinstance(o, Send)]
+    assert len(calls) == 1 and heal.updates[0].version == 1
 
 
 def test_a_heal_is_int8_by_default_a_quarter_of_fp32_and_its_error_stays_in_the_copy():

@@ -163,6 +163,15 @@ class SyncerProtocol(StateView):
     def heal_message(self, digests: Mapping[str, bytes] | None = None) -> Heal:
         return self.heals.heal(self.version, self.public, digests)
 
+    def prepare_heal(self, digests: Mapping[str, bytes] | None = None) -> None:
+        """Encode (and digest) now what a fresh learner's heal needs, so that `on_join` only
+        looks it up: a driver calls it before taking the lock it calls `on_join` under (at
+        100M parameters the encode and digests take a second or more, and joins come in
+        storms). It changes no state, only the heal caches, which are keyed by the public
+        tensors' identity: a merge replaces a tensor and never writes into it, so what is read
+        is one whole version, and one replaced meanwhile is encoded again under the lock."""
+        self.heals.heal(list(self.version), list(self.public), digests)
+
     # -- membership --------------------------------------------------------------------------
     def on_join(
         self,

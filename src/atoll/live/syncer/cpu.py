@@ -8,6 +8,7 @@ same run after run.
     close         a call that closed a round (merge, outer step, broadcast encode, history)
     tape          the tape record of each merge
     snapshot      taking and writing a snapshot
+    heal          a fresh learner's heal encoded (and digested) before its join takes the lock
     send          the updates' messages on every learner's stream"""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 
 from atoll.core.events import Event, RoundClosed
 
-STEPS = ("prepare", "contribution", "close", "tape", "snapshot", "send")
+STEPS = ("prepare", "contribution", "close", "tape", "snapshot", "heal", "send")
 
 
 class CpuSteps:

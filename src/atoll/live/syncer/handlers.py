@@ -45,16 +45,23 @@ class Handlers(pbg.SyncerServicer):
         self.max_bytes = welcome.max_fragment_bytes
 
     # -- Join ---------------------------------------------------------------------------------
-    def _frames(self, u, learner: str, heal: bool = False) -> Iterator[pb.Down]:
+    def _frames(self, u, learner: str, reading: Session | None = None) -> Iterator[pb.Down]:
+        """An update's messages. `reading`: the session of a learner reading its heal, which
+        sends no heartbeat before it has a model to train (a heal of 100M parameters takes
+        seconds on a slow link): each message it takes shows it is there."""
         chunk = self._welcome.chunk_bytes
         inline = len(u.payload) <= chunk  # one message instead of two
         with self.rt.cpu.timed("send"):
-            msg = pb.Down(update=convert.update_header(u, heal, inline))
+            msg = pb.Down(update=convert.update_header(u, reading is not None, inline))
         yield msg
         for part in [] if inline else split(u.payload, chunk):
+            if reading is not None:
+                reading.last_seen = time.time()  # (gRPC takes the next one as it is read)
             with self.rt.cpu.timed("send"):
                 msg = pb.Down(chunk=part)
             yield msg
+        if reading is not None:
+            reading.last_seen = time.time()
         with self.rt.lock:
             self.rt.acct["bytes_out"] += len(u.payload)
             self.rt.roster.sent(learner, u.fragment, u.version, len(u.payload))
@@ -75,20 +82,24 @@ class Handlers(pbg.SyncerServicer):
         _check_hello(hello, context)
         self._check_shard(hello, context)
         rt = self.rt
-        now = time.time()
+        resume = convert.resume_from_hello(hello, rt.epoch, rt.epochs())
+        digests = convert.digests_from_hello(hello) if resume is None else None
+        if resume is None and len(rt.sessions) < rt.opts.max_learners:
+            with rt.cpu.timed("heal"):  # the heal's encoding, outside the lock
+                rt.proto.prepare_heal(digests)
         with rt.lock:
+            now = time.time()
             if hello.learner not in rt.sessions and len(rt.sessions) >= rt.opts.max_learners:
                 self._over_limit(context, "learners", rt.opts.max_learners, hello.learner)
-            resume = convert.resume_from_hello(hello, rt.epoch, rt.epochs())
             listening = rt.can_hear(hello.learner, hello.incarnation)
-            digests = convert.digests_from_hello(hello) if resume is None else None
             outs = rt.proto.on_join(
                 now, hello.learner, resume, hello.incarnation, listening, digests
             )
             old = rt.sessions.pop(hello.learner, None)
             if old is not None:
                 old.close()
-            sess = Session(hello.learner, hello.incarnation, now)
+            # its silence counts from its admission, not from its call: it may have waited
+            sess = Session(hello.learner, hello.incarnation, time.time())
             rt.sessions[hello.learner] = sess
             rt.books.joined(hello.learner, hello.incarnation)
             rt.roster.joined(hello.learner, hello.incarnation, hello.ranks, rt.sessions)
@@ -108,7 +119,7 @@ class Handlers(pbg.SyncerServicer):
         yield pb.Down(welcome=w)
         if heal:
             for u in msg.updates:
-                yield from self._frames(u, hello.learner, heal=True)
+                yield from self._frames(u, hello.learner, reading=sess)
         while not sess.closed and not rt.stopping.is_set():
             item = sess.get(0.5)
             if item is None:
