@@ -305,11 +305,3 @@ def beat(learner: str, incarnation: str, tokens: int, p: Progress, final: bool =
 
 def progress_from_beat(b: pb.Beat, now: float) -> Progress:
     return Progress(b.learner, b.step, b.step_time, now, b.work_s)
-
-
-NOTICE_STOP = "stop"  # a Notice of this kind ends the learner's run (the budget is spent)
-
-
-def notice_stops(n: pb.Notice) -> bool:
-    """Whether a Notice from the syncer ends the run."""
-    return n.kind == NOTICE_STOP

@@ -25,9 +25,7 @@ from atoll.core import codec
 from atoll.core.events import Disconnected, Reconnected, RefusedBySyncer, TransferFailed
 from atoll.core.messages import FragmentUpdate, Heal, Resume, UpdateKind
 from atoll.eventlog import EventLog
-from atoll.live.comm.part import Part
-from atoll.live.comm.session import StepReports
-from atoll.live.learner.messages import (
+from atoll.live.comm.messages import (
     CommFailed,
     FromComm,
     HealReceived,
@@ -35,6 +33,8 @@ from atoll.live.learner.messages import (
     UpdateReceived,
     Welcomed,
 )
+from atoll.live.comm.part import Part
+from atoll.live.comm.session import StepReports
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 from atoll.wire.chunks import Assembler, TransferError
@@ -184,9 +184,6 @@ class Downlink(Part):
                     u = convert.update_from_header(header, asm.payload())
                     asm = None
                     yield from _completed(u, header.heal, heal_parts, expect_heal)
-            elif which == "notice":
-                if convert.notice_stops(msg.notice):
-                    self.reporter(stop=True)
 
 
 def _completed(

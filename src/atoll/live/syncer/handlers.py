@@ -12,6 +12,7 @@ codec, size, base version) is the core's to check (atoll.core.checks).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -43,6 +44,7 @@ class Handlers(pbg.SyncerServicer):
         self.rt = rt
         self._welcome = welcome  # the run's welcome, without epoch and heal flag
         self.max_bytes = welcome.max_fragment_bytes
+        self._heal_prep = threading.Lock()  # one heal encoded at a time (the rest reuse it)
 
     # -- Join ---------------------------------------------------------------------------------
     def _frames(self, u, learner: str, reading: Session | None = None) -> Iterator[pb.Down]:
@@ -85,7 +87,8 @@ class Handlers(pbg.SyncerServicer):
         resume = convert.resume_from_hello(hello, rt.epoch, rt.epochs())
         digests = convert.digests_from_hello(hello) if resume is None else None
         if resume is None and len(rt.sessions) < rt.opts.max_learners:
-            with rt.cpu.timed("heal"):  # the heal's encoding, outside the lock
+            # the heal's encoding, outside the lock; joins at once wait for the first one's
+            with self._heal_prep, rt.cpu.timed("heal"):
                 rt.proto.prepare_heal(digests)
         with rt.lock:
             now = time.time()
@@ -122,11 +125,7 @@ class Handlers(pbg.SyncerServicer):
                 yield from self._frames(u, hello.learner, reading=sess)
         while not sess.closed and not rt.stopping.is_set():
             item = sess.get(0.5)
-            if item is None:
-                continue
-            if isinstance(item, tuple):
-                yield pb.Down(notice=pb.Notice(kind=item[0], text=item[1]))
-            else:
+            if item is not None:
                 yield from self._frames(item, hello.learner)
 
     def _over_limit(

@@ -5,7 +5,7 @@ decision (`SyncerProtocol.coalesce`).
 Every queue is bounded, whatever the learner does (a slow reader, a stream never read):
 updates: per fragment a chain of deltas no larger than the fragment in fp32, or one update
 (at most the model's size in all), pulls one per fragment (a newer pull of a fragment replaces
-the older), notices MAX_NOTICES (the oldest dropped)."""
+the older)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,17 @@ from dataclasses import dataclass, field
 from atoll.core.messages import FragmentUpdate, Pull
 
 Coalesce = Callable[[tuple[FragmentUpdate, ...], FragmentUpdate], tuple[FragmentUpdate, ...]]
-MAX_NOTICES = 16
 
 
 @dataclass
 class Session:
-    """One learner's Join stream: updates not yet sent (per fragment, in order), notices."""
+    """One learner's Join stream: updates not yet sent (per fragment, in order)."""
 
     learner: str
     incarnation: str
     last_seen: float
     cond: threading.Condition = field(default_factory=threading.Condition)
     updates: OrderedDict[int, tuple[FragmentUpdate, ...]] = field(default_factory=OrderedDict)
-    notices: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
     finishing: bool = False  # its final beat came: the stream's end is a finish, not a loss
 
@@ -42,23 +40,15 @@ class Session:
             self.updates[u.fragment] = (u,) if old is None else coalesce(old, u)
             self.cond.notify()
 
-    def put_notice(self, kind: str, text: str) -> None:
-        with self.cond:
-            self.notices.append((kind, text[:1000]))
-            del self.notices[:-MAX_NOTICES]
-            self.cond.notify()
-
     def close(self) -> None:
         with self.cond:
             self.closed = True
             self.cond.notify()
 
-    def get(self, timeout: float) -> FragmentUpdate | tuple[str, str] | None:
+    def get(self, timeout: float) -> FragmentUpdate | None:
         with self.cond:
-            if not (self.updates or self.notices or self.closed):
+            if not (self.updates or self.closed):
                 self.cond.wait(timeout)
-            if self.notices:
-                return self.notices.pop(0)
             if self.updates:
                 p, chain = self.updates.popitem(last=False)
                 if len(chain) > 1:  # the rest of this fragment's chain goes next
