@@ -57,9 +57,9 @@ from atoll.errors import ConfigError
 
 # Measured rates (see the module docstring for where each comes from): benchmarks/results/
 # syncer_service/service.json, its "fit" and its 101M row (tests/unit/test_plan.py holds them to it)
-NS_PER_VALUE = 12.7  # ns of syncer CPU per contributed value
-PER_CONTRIBUTION_S = 11.2e-3  # CPU seconds per contribution, whatever its size
-SNAPSHOT_NS_PER_BYTE = 0.287  # CPU ns per byte of a snapshot file (written past the page cache)
+NS_PER_VALUE = 8.05  # ns of syncer CPU per contributed value
+PER_CONTRIBUTION_S = 21.85e-3  # CPU seconds per contribution, whatever its size
+SNAPSHOT_NS_PER_BYTE = 0.277  # CPU ns per byte of a snapshot file (written past the page cache)
 TAPE_BYTES_PER_VALUE = 8  # a tape record: the exact and public values, float32
 PROCESS_BYTES = 0.45e9  # Python, torch, gRPC (BENCHMARKS.md s4: 273 MB idle) + numba: 136 MB
 HISTORY = SyncerConfig.history  # public versions kept per fragment (64 today)
