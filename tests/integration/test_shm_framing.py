@@ -1,5 +1,5 @@
 """Messages between a learner and its communication process: pickled, framed over a socket
-pair by a writer thread, their vectors in shared slots (atoll.live.learner.framing,
+pair by a writer thread, their vectors in shared slots (atoll.live.comm.framing,
 atoll.live.shm)."""
 
 import os
@@ -16,8 +16,8 @@ def test_framed_messages_round_trip_and_contributions_travel_without_tensors():
 
     from atoll.core.messages import Outgoing
     from atoll.live.comm.child import _take_vectors
-    from atoll.live.learner.framing import FrameReader, write_frame
-    from atoll.live.learner.messages import Reset, StepState, Submit
+    from atoll.live.comm.framing import FrameReader, write_frame
+    from atoll.live.comm.messages import Reset, StepState, Submit
 
     delta = torch.arange(6.0)
     o = Outgoing("L0", 1, 7, 3, 2, 64, 1.5, 0.1, 0.2, 1, delta)

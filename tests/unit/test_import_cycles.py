@@ -92,3 +92,26 @@ def test_the_cycle_finder_finds_a_type_checking_only_cycle(tmp_path):
 def test_no_import_cycle_among_atoll_modules():
     found = cycles(import_graph())
     assert found == [], f"import cycles among atoll modules: {found}"
+
+
+# (importer package, package it must not import): the layers go one way
+ONE_WAY = [
+    ("atoll.live.comm", "atoll.live.learner"),  # the learner drives its communication side
+    ("atoll.core", "atoll.live"),  # the core is sans-I/O: the drivers call it
+    ("atoll.core", "atoll.sim"),
+    ("atoll.live", "atoll.sim"),  # what both drivers use lives outside sim/
+]
+ALLOWED = {("atoll.live.run_cli", "atoll.sim.decoupled")}  # `atoll run --compare-sim`
+
+
+def test_packages_import_one_way():
+    graph = import_graph()
+    inside = lambda m, pkg: m == pkg or m.startswith(pkg + ".")  # noqa: E731
+    wrong = sorted(
+        (m, t)
+        for m, targets in graph.items()
+        for t in targets
+        for a, b in ONE_WAY
+        if inside(m, a) and inside(t, b) and (m, t) not in ALLOWED
+    )
+    assert wrong == [], f"imports against the layers: {wrong}"

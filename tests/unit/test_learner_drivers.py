@@ -19,8 +19,7 @@ from atoll.core.budget import TokenBudget
 from atoll.core.events import Applied, Blocked, Event, PushRefused
 from atoll.core.learner import HealRequest, Phase
 from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Pull, Resumed
-from atoll.live.learner import Learner
-from atoll.live.learner.messages import (
+from atoll.live.comm.messages import (
     BeatDone,
     BeatOnce,
     CommStatus,
@@ -32,6 +31,7 @@ from atoll.live.learner.messages import (
     UpdateReceived,
     Welcomed,
 )
+from atoll.live.learner import Learner
 from atoll.model.recipe import new_model
 from atoll.sim.decoupled import DecoupledSim
 from atoll.wire import convert

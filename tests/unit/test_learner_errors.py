@@ -11,8 +11,8 @@ import pytest
 import atoll
 from atoll.cli import main as atoll_main
 from atoll.live.address import check_addresses
+from atoll.live.comm.messages import CommFailed
 from atoll.live.learner.joining import failure
-from atoll.live.learner.messages import CommFailed
 
 
 def test_the_exceptions_a_user_catches():

@@ -195,8 +195,8 @@ def test_comm_side_encodes_in_send_order_and_drops_obsolete_contributions():
     newer send of a fragment supersedes a queued one and carries its work."""
     from atoll.core.messages import Outgoing
     from atoll.live.comm import Comm, CommOptions
+    from atoll.live.comm.messages import Reset, StepState, Submit
     from atoll.live.comm.sendqueue import Pending
-    from atoll.live.learner.messages import Reset, StepState, Submit
 
     torch.manual_seed(0)
     xs = [torch.randn(300) for _ in range(4)]

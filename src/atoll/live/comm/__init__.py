@@ -10,6 +10,10 @@
 - uplink.py    encoding with error feedback, PushOne / Push, shaping
 - control.py   heartbeats and the Pulls stream, on the control channel
 - child.py     the child-process entry (`python -m atoll.live.comm.child`)
+- messages.py  what the training side (atoll.live.learner) and this side say to each other
+- framing.py   those messages over the child's socket pair
+
+The learner imports this package, never the other way round.
 
 By default it runs in a child process of the learner (at nice +10 so that its wake-ups do not
 preempt the training thread; vectors pass through shared slots, atoll.live.shm, and it sends
@@ -19,7 +23,7 @@ threads of the learner's process. Reconnects use backoff 0.2 s doubling to 2 s w
 
 from __future__ import annotations
 
+from atoll.live.comm.messages import CommOptions
 from atoll.live.comm.side import Comm
-from atoll.live.learner.messages import CommOptions
 
 __all__ = ["Comm", "CommOptions"]

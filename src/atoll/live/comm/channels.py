@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from atoll.live.learner.messages import CommOptions
+from atoll.live.comm.messages import CommOptions
 from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata, open_channel
 

@@ -2,7 +2,7 @@
 
     python -m atoll.live.comm.child FD [SHM_FD TOTAL NFLAGS]
 
-FD is its end of the socket pair (atoll.live.learner.framing both ways); the first message is
+FD is its end of the socket pair (atoll.live.comm.framing both ways); the first message is
 `Start` (the options). SHM_FD, TOTAL, NFLAGS name the shared slots (atoll.live.shm) through
 which vectors move when free. It dies with the learner (PR_SET_PDEATHSIG), ignores Ctrl+C (the
 learner closes it), runs at added niceness and sends no heartbeat while the learner is stopped.
@@ -21,10 +21,8 @@ from collections import deque
 
 import torch
 
-from atoll.live.comm.shards import ShardedComm, open_comm
-from atoll.live.comm.side import Comm
-from atoll.live.learner.framing import FrameReader, write_frame
-from atoll.live.learner.messages import (
+from atoll.live.comm.framing import FrameReader, write_frame
+from atoll.live.comm.messages import (
     FromComm,
     Start,
     StepState,
@@ -32,6 +30,8 @@ from atoll.live.learner.messages import (
     UpdateReceived,
     Welcomed,
 )
+from atoll.live.comm.shards import ShardedComm, open_comm
+from atoll.live.comm.side import Comm
 from atoll.live.shm import SharedSlots
 
 

@@ -20,9 +20,9 @@ import grpc
 
 from atoll.core.messages import Progress
 from atoll.core.pacing import mean_step_time
+from atoll.live.comm.messages import FINAL_BEAT_S, PullReceived, StepState
 from atoll.live.comm.part import Part
 from atoll.live.comm.session import StepReports
-from atoll.live.learner.messages import FINAL_BEAT_S, PullReceived, StepState
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 

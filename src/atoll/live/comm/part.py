@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from atoll.live.comm.channels import Channels
 from atoll.live.comm.faults import LinkFaults
+from atoll.live.comm.messages import CommOptions
 from atoll.live.comm.session import Flags, Session
 from atoll.live.comm.status import StatusReporter
-from atoll.live.learner.messages import CommOptions
 
 
 @dataclass(eq=False)

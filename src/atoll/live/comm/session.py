@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from atoll.core import codec
-from atoll.live.learner.messages import StepState
+from atoll.live.comm.messages import StepState
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 

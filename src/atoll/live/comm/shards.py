@@ -20,8 +20,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 
-from atoll.live.comm.side import Comm
-from atoll.live.learner.messages import (
+from atoll.live.comm.messages import (
     BeatDone,
     BeatOnce,
     CommOptions,
@@ -33,6 +32,7 @@ from atoll.live.learner.messages import (
     ToComm,
     Welcomed,
 )
+from atoll.live.comm.side import Comm
 from atoll.wire import atoll_pb2 as pb
 
 

@@ -14,7 +14,7 @@ The threads:
   - up (uplink.py): contributions, encoded here, then PushOne or a Push stream;
   - beat, ctl (control.py): heartbeats and the Pulls stream on the control channel.
 
-It takes the training side's messages through `command` (atoll.live.learner.messages: down)
+It takes the training side's messages through `command` (atoll.live.comm.messages: down)
 and hands everything the training side must see to `sink` (up messages).
 """
 
@@ -29,11 +29,7 @@ from atoll.live.comm.channels import Channels
 from atoll.live.comm.control import Control
 from atoll.live.comm.downlink import Downlink
 from atoll.live.comm.faults import LinkFaults
-from atoll.live.comm.sendqueue import SendQueue
-from atoll.live.comm.session import Flags, Session, StepReports
-from atoll.live.comm.status import StatusReporter
-from atoll.live.comm.uplink import Uplink
-from atoll.live.learner.messages import (
+from atoll.live.comm.messages import (
     BeatDone,
     BeatOnce,
     Close,
@@ -47,6 +43,10 @@ from atoll.live.learner.messages import (
     StepState,
     ToComm,
 )
+from atoll.live.comm.sendqueue import SendQueue
+from atoll.live.comm.session import Flags, Session, StepReports
+from atoll.live.comm.status import StatusReporter
+from atoll.live.comm.uplink import Uplink
 from atoll.threads import guarded
 
 

@@ -8,9 +8,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from atoll.live.comm.messages import CommStatus, FromComm
 from atoll.live.comm.sendqueue import SendQueue
 from atoll.live.comm.wire import WireCounter
-from atoll.live.learner.messages import CommStatus, FromComm
 
 
 class StatusReporter:

@@ -1,6 +1,6 @@
 """Contributions up: encoding, PushOne / Push, shaping.
 
-The training side hands over `Outgoing` deltas (atoll.live.learner.messages.Submit); they wait
+The training side hands over `Outgoing` deltas (atoll.live.comm.messages.Submit); they wait
 in the `SendQueue` (sendqueue.py: newest per fragment, a newer send of a fragment supersedes a
 queued one and takes over its work), and the up thread encodes each
 (`codec.ContributionEncoder`: quantize, compress, error feedback, in the order they go out; a
@@ -22,9 +22,9 @@ from atoll.core.codec import CodecError
 from atoll.core.events import PushFailed
 from atoll.core.messages import Contribution
 from atoll.eventlog import EventLog
+from atoll.live.comm.messages import RefusalReceived
 from atoll.live.comm.part import Part
 from atoll.live.comm.sendqueue import Pending, SendQueue
-from atoll.live.learner.messages import RefusalReceived
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 from atoll.wire.chunks import split

@@ -1,12 +1,10 @@
 """The learner library (see `api.Learner`).
 
 - api.py       `Learner`: Decoupled DiLoCo for any PyTorch training loop
-- ports.py     where its communication side runs: threads, or a child process
-- messages.py  what the training side and the communication side say to each other
-- framing.py   those messages over the child's socket pair
+- ports.py     where its communication side runs (atoll.live.comm): threads, or a child
+               process; the messages between the sides are atoll.live.comm.messages
 
-`Learner` is imported on first use, so that the communication process (atoll.live.comm.child)
-can import the messages without the training side.
+`Learner` is imported on first use (importing the package loads no torch model code).
 """
 
 from __future__ import annotations

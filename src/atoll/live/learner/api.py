@@ -32,17 +32,7 @@ from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
 from atoll.core.messages import Heal, Outgoing, Send
 from atoll.eventlog import EventLog
 from atoll.live.address import check_addresses
-from atoll.live.comm_mode import learners_on_host, resolve_comm
-from atoll.live.learner import ending, joining
-from atoll.live.learner.island import (
-    Island,
-    IslandMember,
-    Leading,
-    is_member,
-    is_sharded,
-    unwrap,
-)
-from atoll.live.learner.messages import (
+from atoll.live.comm.messages import (
     FINAL_BEAT_S,
     BeatDone,
     CommFailed,
@@ -59,6 +49,16 @@ from atoll.live.learner.messages import (
     Submit,
     UpdateReceived,
     Welcomed,
+)
+from atoll.live.comm_mode import learners_on_host, resolve_comm
+from atoll.live.learner import ending, joining
+from atoll.live.learner.island import (
+    Island,
+    IslandMember,
+    Leading,
+    is_member,
+    is_sharded,
+    unwrap,
 )
 from atoll.live.learner.ports import ClosedPort, Port, ProcessPort, ThreadPort
 from atoll.wire.auth import load_secret

@@ -12,7 +12,7 @@ from typing import Any
 
 from atoll.core.events import FinalBeatLost
 from atoll.core.learner import LearnerProtocol
-from atoll.live.learner.messages import BeatDone, BeatOnce, Finishing
+from atoll.live.comm.messages import BeatDone, BeatOnce, Finishing
 
 
 def final_flush(learner: Any, proto: LearnerProtocol, timeout: float, away_s: float) -> None:

@@ -21,7 +21,7 @@ from atoll.core.fragments import FragmentPlan
 from atoll.core.learner import LearnerProtocol
 from atoll.errors import CommError, JoinError, JoinTimeoutError, LearnerError
 from atoll.live.client import check_secret, refused
-from atoll.live.learner.messages import CommFailed, CommStatus, HealReceived, JoinRetry, Welcomed
+from atoll.live.comm.messages import CommFailed, CommStatus, HealReceived, JoinRetry, Welcomed
 from atoll.wire import atoll_pb2 as pb
 from atoll.wire import convert
 

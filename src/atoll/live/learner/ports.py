@@ -23,9 +23,8 @@ import torch
 
 from atoll.core.messages import Outgoing
 from atoll.live import shm
-from atoll.live.comm.shards import open_comm
-from atoll.live.learner.framing import FrameReader, write_frame
-from atoll.live.learner.messages import (
+from atoll.live.comm.framing import FrameReader, write_frame
+from atoll.live.comm.messages import (
     Close,
     CommFailed,
     CommOptions,
@@ -36,6 +35,7 @@ from atoll.live.learner.messages import (
     ToComm,
     Vector,
 )
+from atoll.live.comm.shards import open_comm
 from atoll.live.shm import SharedSlots
 
 # the shared memory file is sized for 2 x 4 bytes per parameter (only the slots written take
@@ -95,7 +95,7 @@ class ThreadPort:
 class ProcessPort:
     """The communication side in a child process (`python -m atoll.live.comm.child`, so the
     user's script is not imported again), over a socket pair read at step boundaries only
-    (atoll.live.learner.framing). Vectors (contributions up, decoded updates down) go through
+    (atoll.live.comm.framing). Vectors (contributions up, decoded updates down) go through
     shared slots (atoll.live.shm) when free, so that the messages themselves stay small."""
 
     def __init__(self, opts: CommOptions, total: int, nflags: int) -> None:
