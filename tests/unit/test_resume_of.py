@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from atoll.core.admission import resume_of
+from atoll.core.admission import rejoin, resume_of
 from atoll.core.messages import Resume
 from atoll.wire import convert
 
@@ -39,3 +39,18 @@ def test_the_wire_translates_a_hello_to_the_same_decision():
     assert convert.resume_from_hello(h, "e-now", KNOWN) == Resume((1, 2), (3, 4), True, True)
     fresh = convert.hello("L0", "i1", None)
     assert convert.resume_from_hello(fresh, "e-now", KNOWN) is None
+
+
+def test_what_a_learner_says_at_a_rejoin_comes_back_as_the_same_decision():
+    """The learner's half (admission.rejoin, both drivers' hellos) and the syncer's half
+    (resume_of through the wire) agree: nothing trained is a fresh learner, a heal asked for
+    gives up the progress, otherwise it is kept."""
+    assert rejoin(None) is None and rejoin(None, heal=True) is None
+    kept = rejoin(([1, 2], [3, 4]))
+    assert kept == Resume((1, 2), (3, 4), other_epoch=False, keep_progress=True)
+    healing = rejoin(([1, 2], [3, 4]), heal=True)
+    assert healing is not None and not healing.keep_progress
+    assert rejoin(([1], [1]), other_epoch=True).other_epoch
+    for said in (kept, healing):
+        h = convert.hello("L0", "i1", said, epoch="e-now")
+        assert convert.resume_from_hello(h, "e-now", KNOWN) == said

@@ -27,6 +27,24 @@ from atoll.core.state import History
 SEEN_CLAIM_MAX = 1000  # versions a learner may claim to have seen beyond what was restored
 
 
+def rejoin(
+    versions: tuple[Sequence[int], Sequence[int]] | None,
+    heal: bool = False,
+    other_epoch: bool = False,
+) -> Resume | None:
+    """What a (re)joining learner says of its past, the learner's half of the decision whose
+    syncer half is `resume_of` and `can_resume`; both drivers build their hellos with it.
+    `versions`: its (base, latest) versions, or None when it has trained nothing (a fresh
+    learner: it heals, and may offer its parameters' digests instead); `heal`: it asks for a
+    heal instead of keeping its progress (a refusal said so, or its own values are broken);
+    `other_epoch`: it saw an earlier incarnation of the syncer (the virtual-time driver knows;
+    a live learner names the epoch it saw and the syncer finds out)."""
+    if versions is None:
+        return None
+    base, latest = versions
+    return Resume(tuple(base), tuple(latest), other_epoch=other_epoch, keep_progress=not heal)
+
+
 def resume_of(
     base_versions: Iterable[int],
     latest_versions: Iterable[int],

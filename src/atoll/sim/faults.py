@@ -39,9 +39,10 @@ import torch
 
 from atoll.chaos import Fault
 from atoll.config import SimConfig
+from atoll.core.admission import rejoin
 from atoll.core.events import Chaos, Event, Restored
 from atoll.core.learner import Phase
-from atoll.core.messages import Contribution, Progress, Resume
+from atoll.core.messages import Contribution, Progress
 from atoll.core.syncer import SyncerProtocol
 from atoll.sim.world import Windows, horizon_s, run_end, scenario_of
 
@@ -199,10 +200,10 @@ class Faults:
                 continue
             if learner.phase in (Phase.RUNNING, Phase.WAITING, Phase.DONE):
                 p = learner.proto
-                resume = Resume(tuple(p.base_version), tuple(p.latest_version), other_epoch=True)
-                world.syncer_outputs(now, syncer.on_join(now, learner.id, resume))
-            elif learner.phase is Phase.JOINING:
-                world.syncer_outputs(now, syncer.on_join(now, learner.id))
+                past = rejoin((p.base_version, p.latest_version), other_epoch=True)
+                world.syncer_outputs(now, syncer.on_join(now, learner.id, past))
+            elif learner.phase is Phase.JOINING:  # nothing trained: it heals
+                world.syncer_outputs(now, syncer.on_join(now, learner.id, rejoin(None)))
         held, self._held = self._held, []
         for lid, incarnation, c in held:
             learner = world.by_id[lid]

@@ -22,8 +22,9 @@ import grpc
 import torch
 
 from atoll.core import codec
+from atoll.core.admission import rejoin
 from atoll.core.events import Disconnected, Reconnected, RefusedBySyncer, TransferFailed
-from atoll.core.messages import FragmentUpdate, Heal, Resume, UpdateKind
+from atoll.core.messages import FragmentUpdate, Heal, UpdateKind
 from atoll.eventlog import EventLog
 from atoll.live.comm.messages import (
     CommFailed,
@@ -74,12 +75,11 @@ class Downlink(Part):
 
     def hello(self) -> pb.Hello:
         force = self.channels.take_heal_request()
-        st = self.steps.state
-        if st is None:  # nothing trained yet: a fresh learner, its parameters as they started
+        st = self.steps.state  # None: nothing trained yet, its parameters as they started
+        past = rejoin(None if st is None else (st.base_versions, st.latest_versions), force)
+        if past is None:
             h = convert.hello(self.id, self.o.incarnation, None, digests=dict(self.o.digests))
         else:
-            keep = not force
-            past = Resume(tuple(st.base_versions), tuple(st.latest_versions), keep_progress=keep)
             h = convert.hello(self.id, self.o.incarnation, past, self.session.epoch)
         h.shard, h.shards = self.o.shard, self.o.shards  # the shard it takes its syncer for
         h.ranks = self.o.ranks

@@ -20,7 +20,7 @@ import grpc
 
 from atoll.core.codec import CodecError
 from atoll.core.events import PushFailed
-from atoll.core.messages import Contribution
+from atoll.core.messages import Action, Contribution
 from atoll.eventlog import EventLog
 from atoll.live.comm.messages import RefusalReceived
 from atoll.live.comm.part import Part
@@ -79,7 +79,8 @@ class Uplink(Part):
         try:
             c = enc.encode(o)
         except CodecError as exc:  # the learner's own values are broken (a diverged model)
-            self.reporter.send(RefusalReceived(o.fragment, f"not sent: {exc}", "heal"))
+            # its own values are broken: a heal, as if the syncer had refused them
+            self.reporter.send(RefusalReceived(o.fragment, f"not sent: {exc}", Action.HEAL))
             return None
         return None if c is None else Pending(o, c)
 
