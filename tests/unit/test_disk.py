@@ -68,3 +68,18 @@ def test_a_filesystem_that_refuses_direct_writes_gets_buffered_ones(tmp_path, mo
     w.close()
     assert not w.direct and calls["n"] >= 3
     assert path.read_bytes() == b"x" * 5000 + b"y" * 3 + b"z"
+
+
+def test_a_failed_write_raises_its_own_error_through_the_writers_close(tmp_path, monkeypatch):
+    """A full disk (ENOSPC) while a snapshot is written: the OSError reaches the snapshot
+    thread (which tries again at the next one), not an error of closing the buffer."""
+
+    def full(fd, data, at):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    for direct in (True, False):
+        monkeypatch.setattr(disk, "_ON", direct)
+        with pytest.raises(OSError) as err, disk.Writer(tmp_path / "s.tmp") as w:
+            w.write([b"x" * 5000])
+        assert err.value.errno == 28

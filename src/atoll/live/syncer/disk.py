@@ -67,8 +67,9 @@ class Writer:
                     raise
                 self._buffered()
         for p in parts:
-            self._pwrite_all(memoryview(p).cast("B"), start)
-            start += memoryview(p).nbytes
+            data = memoryview(p).cast("B")
+            self._pwrite_all(data, start)
+            start += len(data)
         self.length = start
 
     def _write_direct(self, parts: list[Any]) -> None:
@@ -108,7 +109,7 @@ class Writer:
         os.close(self.fd)
         self.fd = os.open(self.path, os.O_WRONLY)
         self.direct = False
-        self._buf = None
+        self._buf = None  # freed once no view of it is left (see close)
         self._tail = b""
 
     def sync(self) -> None:
@@ -118,9 +119,9 @@ class Writer:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if self._buf is not None:
-            self._buf.close()
-            self._buf = None
+        # the buffer is dropped, not closed: a failed write's traceback may still hold a view
+        # of it, and closing it then would raise over the write's own error
+        self._buf = None
 
     def __enter__(self) -> Writer:
         return self
