@@ -125,7 +125,7 @@ def allreduce_factor(pattern: str, datacenters: int) -> float:
 
 def ring_allreduce_bytes(nbytes: int, workers: int) -> int:
     """Bytes each worker sends in a ring all-reduce of an `nbytes` buffer."""
-    return 0 if workers <= 1 else int(2 * (workers - 1) / workers * nbytes)
+    return 0 if workers <= 1 else int(allreduce_factor("ring", workers) * nbytes)
 
 
 @dataclass(frozen=True)

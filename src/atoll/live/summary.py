@@ -59,7 +59,7 @@ def books_tokens(run_dir: Path) -> int | None:
 def summarize(
     run_dir: Path, scfg: SimConfig, lcfg: LiveConfig, start: float, end: float
 ) -> dict[str, Any]:
-    from atoll.bandwidth.model import allreduce_factor
+    from atoll.bandwidth.model import ring_allreduce_bytes
     from atoll.model.recipe import builtin_plan
 
     events = load_events(run_dir / "events.jsonl")
@@ -97,7 +97,7 @@ def summarize(
         # live/comm/wire.py), heartbeats, pulls and heals included; None where not measured
         **wire_bytes(events),
         # bytes a data-parallel ring all-reduce of fp32 gradients sends for these tokens
-        "dp_bytes": int(dp_steps * M * int(allreduce_factor("ring", M) * plan.nbytes_fp32())),
+        "dp_bytes": int(dp_steps * M * ring_allreduce_bytes(plan.nbytes_fp32(), M)),
         **{k: stats[k] for k in ("rounds", "participants_mean", "participants_hist")},
         **{k: stats[k] for k in ("staleness_mean", "staleness_max")},
         "down_s": down,
