@@ -86,7 +86,8 @@ class Handlers(pbg.SyncerServicer):
         rt = self.rt
         resume = convert.resume_from_hello(hello, rt.epoch, rt.epochs())
         digests = convert.digests_from_hello(hello) if resume is None else None
-        if resume is None and len(rt.sessions) < rt.opts.max_learners:
+        healing = resume is None or not resume.keep_progress  # (one that cannot resume too)
+        if healing and len(rt.sessions) < rt.opts.max_learners:
             # the heal's encoding, outside the lock; joins at once wait for the first one's
             with self._heal_prep, rt.cpu.timed("heal"):
                 rt.proto.prepare_heal(digests)
