@@ -125,6 +125,20 @@ def test_a_torn_last_tape_record_is_dropped_with_a_note_and_cut_off(tmp_path):
     assert not r.torn and r.replayed == 9 and core(again) == want
 
 
+def test_the_zeros_a_direct_write_pads_with_are_a_torn_end_not_empty_records(tmp_path):
+    """disk.Writer writes whole 4 KB blocks and then cuts the file back to its length: a
+    syncer killed in between leaves zeros after its last record. Before, each 8 zero bytes
+    read as an intact empty record (length 0, crc32(b"") == 0) and the restore failed on it."""
+    root = _run_dir(tmp_path)
+    _files, prefix, _records = fixture()
+    last = root / SEGMENTS[-1]
+    intact = last.read_bytes()
+    last.write_bytes(intact + bytes(4096 - len(intact) % 4096))
+    proto, _tape, r = _restore(root)
+    assert r.torn.startswith("000000000010.tape: dropped a torn last record")
+    assert r.replayed == 8 and core(proto) == prefix[13] and last.read_bytes() == intact
+
+
 def test_a_damaged_record_before_intact_ones_or_a_gap_is_refused_and_changes_nothing(tmp_path):
     root = _run_dir(tmp_path)
     seg = root / SEGMENTS[1]

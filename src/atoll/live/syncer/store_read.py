@@ -78,7 +78,9 @@ def scan(data: bytes) -> tuple[list[tuple[int, bytes]], int | None]:
             return out, i
         n, crc = REC.unpack_from(data, i)
         body = data[i + REC.size : i + REC.size + n]
-        if len(body) != n or (crc32(body) & 0xFFFFFFFF) != crc:
+        # n == 0 is never a record (a body is a safetensors blob), but zeros would pass the
+        # crc: the block padding a direct write leaves when the syncer dies before cutting it
+        if not n or len(body) != n or (crc32(body) & 0xFFFFFFFF) != crc:
             return out, i
         out.append((i, body))
         i += REC.size + n
