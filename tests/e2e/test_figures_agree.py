@@ -1,8 +1,8 @@
 """Every surface of a live run shows the same figures once it has ended, a plain syncer and a
 shard set of 2 alike: the syncer's last plain view line, /status.json, /metrics, summary.json,
 syncer_final.json, the report's data and the figures the TensorBoard/W&B sinks are given
-agree on tokens, rounds and bytes, and on goodput within 0.1 point (metrics.Figures is the one
-fold they read; docs/live.md "One set of figures").
+agree on tokens, rounds and bytes, on goodput within 0.1 point (metrics.Figures is the one
+fold they read; docs/live.md "One set of figures"), and on the last held-out loss.
 
 The syncer serves on after its run is over (`--serve-after-budget`), so that the HTTP surfaces
 are read once it has written summary.json and the report: the run has ended."""
@@ -126,3 +126,8 @@ def test_every_surface_shows_the_same_figures_at_the_end(tmp_path, shards):
         assert float(text) == pytest.approx(100 * g, abs=0.1)
     # over: the figure holds (it does not decay with the clock)
     assert state.goodput(time.time() + 3600) == sink["run/goodput"]
+
+    # the held-out loss: /metrics has the last evaluation, taken once the budget was spent
+    evals = [e.data for e in events if e.kind == "evaluated"]
+    assert evals and evals[-1].tokens >= job.sim.budget_tokens(), evals
+    assert m["atoll_syncer_eval_loss"] == evals[-1].eval_loss

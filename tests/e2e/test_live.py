@@ -27,6 +27,7 @@ from atoll.wire import atoll_pb2_grpc as pbg
 from atoll.wire.auth import call_metadata
 from atoll.wire.chunks import crc32
 from tests.helpers import started_address
+from tests.report_checks import assert_every_plot_drawn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -332,12 +333,11 @@ def _schedule_of(proc):
     return next(a.split("=", 1)[1] for a in argv if str(a).startswith("schedule="))
 
 
-def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
     """`atoll run` (pull schedule, the default): L1 is SIGKILLed and restarted, then the syncer
-    is SIGKILLed and restored from its tape while the learners keep running (they reconnect,
-    they are not restarted). Issue 9, defect 12: every learner reconnects after the syncer's
-    restart (once only one of three did; grpc's reconnect backoff had grown to 120 s)."""
-    out = tmp_path / "run"
+    is SIGKILLed and restored from its tape while the learners keep running. Its directory."""
+    out = tmp_path_factory.mktemp("killed") / "run"
     cmd = [
         sys.executable,
         "-m",
@@ -358,12 +358,19 @@ def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
                 # chaos times count from the start of training (all learners joined), on a
                 # slow machine too: the syncer kill leaves them time to close rounds first
                 "chaos=kill:L1@3+0.5,kill:syncer@9+0.5",
-                "eval=false",
             ]
         ),
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+
+def test_run_survives_learner_kill_and_syncer_kill(killed_run):
+    """The learners reconnect after the syncer's kill, they are not restarted. Issue 9, defect
+    12: every learner reconnects after the syncer's restart (once only one of three did; grpc's
+    reconnect backoff had grown to 120 s)."""
+    out = killed_run
     s = json.loads((out / "summary.json").read_text())
     events = read_events(out / "events.jsonl")
     restarted = [e["data"]["process"] for e in events if e["kind"] == "restarted"]
@@ -396,6 +403,18 @@ def test_run_survives_learner_kill_and_syncer_kill(tmp_path):
     # measured and logged; docs/live.md has the figure)
     steps = [e["data"] for e in events if e["kind"] == "step" and e["data"].get("pulls")]
     assert steps and all(d["pull_latency_ms"] is not None for d in steps), steps
+
+
+def test_report_of_the_killed_run_draws_every_plot(killed_run):
+    """`atoll report` of that run: every plot drawn, none blank."""
+    out = killed_run
+    res = subprocess.run([sys.executable, "-m", "atoll.cli", "report", str(out)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == str(out / "report.html")
+    assert_every_plot_drawn(out / "report.html")
+    text = (out / "report.html").read_text()
+    assert "summary.json written" in text and "L1" in text
 
 
 def _self_signed(tmp_path):

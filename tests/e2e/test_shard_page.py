@@ -99,7 +99,7 @@ def test_the_set_page_sums_its_shards_shows_a_killed_one_down_and_ends_as_its_bo
         assert m[("atoll_syncer_round_latency_seconds_count", "1")] >= 1
 
         for _ in range(3):  # killed; again if it was back before /metrics was read
-            os.kill(_shard_pid(1), signal.SIGKILL)
+            os.kill(_shard_pid(1, tmp_path), signal.SIGKILL)
             st = _until(lambda: _down(http, 1), "shard 1 shown down", 10)
             page, took = _get(http, "/")
             m = _metrics(http)

@@ -37,15 +37,17 @@ def _stat(pid: int) -> bytes:
         return b"(gone) Z "
 
 
-def _shard_pid(index: int) -> int:
-    """The pid of the process running shard `index` of 2."""
+def _shard_pid(index: int, run_dir: Path) -> int:
+    """The pid of the process running shard `index` of 2 of the set in `run_dir` (another
+    test's set may run at the same time)."""
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 argv = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"syncer" in argv and f"{index}/2".encode() in argv and str(RUN).encode() in argv:
+            mine = any(a.startswith(str(run_dir).encode()) for a in argv)
+            if b"syncer" in argv and f"{index}/2".encode() in argv and mine:
                 return int(d.name)
     raise AssertionError(f"no process runs shard {index}")
 
@@ -86,7 +88,7 @@ def test_a_shard_killed_and_restored_loses_nothing_while_the_other_closes_rounds
         while {s for _, s in _rounds(tmp_path, shard_of)} != {0, 1}:  # both shards merging
             assert time.time() < until and all(p.poll() is None for p in learners)
             time.sleep(0.2)
-        pid = _shard_pid(1)
+        pid = _shard_pid(1, tmp_path)
         os.kill(pid, signal.SIGKILL)
         # its last round may close between a clock read before the kill and the kill itself:
         # the kill's time is when the process is gone (a zombie writes nothing more)

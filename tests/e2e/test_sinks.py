@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from tests.unit.test_sim import TINY
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ["run", "--set", "learners=2", "--set", "steps=60", "--quiet"]
+RUN = ["run", "--set", "learners=2", "--set", "steps=60"]
 SIM = ["sim", "--preset", "quick", *[f"--set={k}={v}" for k, v in {**TINY, "steps": 16}.items()],
        "--quiet", "--no-plot"]  # fmt: skip
 
@@ -54,19 +55,28 @@ def history(records: list[dict]) -> list[dict]:
     return [r["history"]["item"] for r in records if r["type"] == "history"]
 
 
-def test_tensorboard_gets_the_runs_figures(tmp_path):
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One `atoll run` for every check of this module: both sinks on, its output a pipe."""
     pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    tmp = tmp_path_factory.mktemp("sinks")
+    out = tmp / "r"
+    res = atoll([*RUN, "--out", out, "--tensorboard", tmp / "tb", "--wandb", "atoll-test"], tmp)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out, res
+
+
+def test_tensorboard_gets_the_runs_figures(run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    tb = tmp_path / "tb"
-    res = atoll([*RUN, "--out", tmp_path / "r", "--tensorboard", tb], tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    acc = EventAccumulator(str(tb))
+    out, _res = run
+    acc = EventAccumulator(str(out.parent / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"run/tokens", "run/rounds", "run/goodput", "run/eval_loss"} <= tags, tags
     assert {"learner/L0/tokens_per_s", "learner/L1/tokens_per_s"} <= tags
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     losses = acc.Scalars("run/eval_loss")  # the syncer's while the run went, then the final
     assert len(losses) >= 2 and [x.step for x in losses] == sorted(x.step for x in losses)
     assert losses[-1].value == pytest.approx(summary["eval_loss"], rel=1e-6)
@@ -77,16 +87,13 @@ def test_tensorboard_gets_the_runs_figures(tmp_path):
     assert tokens[-1].value > 0 and tokens[-1].step == int(tokens[-1].value)
 
 
-def test_wandb_offline_gets_the_runs_figures(tmp_path):
-    pytest.importorskip("wandb")
-    out = tmp_path / "r"
-    res = atoll([*RUN, "--out", out, "--wandb", "atoll-test"], tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_wandb_offline_gets_the_runs_figures(run):
+    out, res = run
     assert "W&B: offline run in" in res.stderr and "wandb sync" in res.stderr
     (records,) = wandb_runs(out).values()  # under the run directory: wandb/offline-run-*
-    (run,) = [r["run"] for r in records if r["type"] == "run"]
-    assert run["project"] == "atoll-test" and run["telemetry"]["feature"]["offline"]
-    assert run["config"]["update"]["learners"] == 2 and run["config"]["update"]["steps"] == 60
+    (wb,) = [r["run"] for r in records if r["type"] == "run"]
+    assert wb["project"] == "atoll-test" and wb["telemetry"]["feature"]["offline"]
+    assert wb["config"]["update"]["learners"] == 2 and wb["config"]["update"]["steps"] == 60
     rows = history(records)
     summary = json.loads((out / "summary.json").read_text())
     assert [r["_step"] for r in rows] == sorted(r["_step"] for r in rows)  # keyed by tokens
@@ -96,6 +103,21 @@ def test_wandb_offline_gets_the_runs_figures(tmp_path):
     assert last["run/rounds"] == summary["rounds"] and last["run/tokens"] > 0
     assert {"run/goodput", "learner/L0/tokens_per_s", "learner/L1/tokens_per_s"} <= set(last)
     assert not any(r["type"] == "stats" for r in records)  # the run's figures only
+
+
+def test_plain_lines_when_stdout_is_a_pipe(run):
+    """The live view of `atoll run` is plain progress lines when stdout is a pipe (its table
+    under a terminal: test_view.py)."""
+    out, res = run
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("[atoll run] tokens")]
+    assert lines, res.stdout[-3000:]
+    assert re.search(r"rounds \d+ .*goodput", lines[-1]) and "\x1b[" not in res.stdout
+    assert re.search(r"eval \d+\.\d{4} at [\d,]+ tokens", lines[-1]), lines[-1]
+    # the last line is the run's figures, as its summary has them (metrics.Figures)
+    s = json.loads((out / "summary.json").read_text())
+    got = re.search(r"tokens ([\d,]+)/.* rounds (\d+) .*goodput ([\d.]+)%", lines[-1])
+    assert got and int(got[1].replace(",", "")) == s["tokens"], (lines[-1], s["tokens"])
+    assert int(got[2]) == s["rounds"] and abs(float(got[3]) - 100 * s["goodput"]) <= 0.1
 
 
 def test_sim_feeds_wandb_one_run_per_method(tmp_path):

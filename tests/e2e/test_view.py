@@ -1,9 +1,9 @@
 """The live view of `atoll run`: a table redrawn in place under a pseudo-terminal, one row per
-learner; plain progress lines when stdout is a pipe."""
+learner (its plain progress lines when stdout is a pipe: test_sinks.py, on the run that feeds
+the sinks)."""
 
 from __future__ import annotations
 
-import json
 import os
 import pty
 import re
@@ -51,19 +51,3 @@ def test_the_view_renders_a_row_per_learner_under_a_terminal(tmp_path):
     assert "rounds" in text and "goodput" in text
     # the global model's held-out loss while the run went (the syncer evaluates it)
     assert re.search(r"eval loss \(global model, held out\): \d+\.\d{4} at [\d,]+ tokens", text)
-
-
-def test_plain_lines_when_stdout_is_a_pipe(tmp_path):
-    res = subprocess.run([sys.executable, *ARGS, "--out", str(tmp_path / "r")], cwd=ROOT,
-                         env=ENV, capture_output=True, text=True, timeout=240)  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("[atoll run] tokens")]
-    assert lines, res.stdout[-3000:]
-    assert re.search(r"rounds \d+ .*goodput", lines[-1]) and "\x1b[" not in res.stdout
-    assert re.search(r"eval \d+\.\d{4} at [\d,]+ tokens", lines[-1]), lines[-1]
-    # the last line is the run's figures, as its summary has them (metrics.Figures)
-    (path,) = (tmp_path / "r").rglob("summary.json")
-    s = json.loads(path.read_text())
-    got = re.search(r"tokens ([\d,]+)/.* rounds (\d+) .*goodput ([\d.]+)%", lines[-1])
-    assert got and int(got[1].replace(",", "")) == s["tokens"], (lines[-1], s["tokens"])
-    assert int(got[2]) == s["rounds"] and abs(float(got[3]) - 100 * s["goodput"]) <= 0.1

@@ -17,7 +17,9 @@ setting (`data` or `eval_data`), its value and what is allowed.
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
+import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,13 +33,33 @@ from atoll.errors import ConfigError
 TOKEN_SUFFIX = ".bin"  # a data path ending in this is a token file
 
 
+def _py_files(folder: str) -> Iterator[Path]:
+    """The files named *.py under `folder`, in the order `sorted(Path(folder).rglob("*.py"))`
+    gives them (paths compare part by part: a walk that takes each folder's entries sorted by
+    name), but lazily, so that the first few MB need not list the whole tree; folders named
+    site-packages or test are skipped and symlinked folders not entered, as rglob does."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        if fnmatch.fnmatchcase(e.name, "*.py"):
+            yield Path(e.path)
+        try:
+            inside = e.is_dir(follow_symlinks=False)
+        except OSError:
+            inside = False
+        if inside and e.name not in ("site-packages", "test"):
+            yield from _py_files(e.path)
+
+
 def load_stdlib_corpus(max_bytes: int = 4_000_000) -> bytes:
-    """Concatenate the standard library's .py files (sorted by path) up to `max_bytes`."""
+    """Concatenate the standard library's .py files (sorted by path, none under a folder named
+    site-packages or test) up to `max_bytes`."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out = bytearray()
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
+    skipped = "site-packages" in root.parts or "test" in root.parts
+    for path in [] if skipped else _py_files(str(root)):
         try:
             out += path.read_bytes() + b"\n"
         except OSError:
