@@ -41,7 +41,6 @@ def main(
     import json
 
     from atoll.config import load_job
-    from atoll.live.launcher import Launcher
 
     job = load_job(args.overrides, args.config, defaults)
     out = args.out = run_dir(args)
@@ -57,6 +56,8 @@ def main(
     from atoll.sinks import check, open_sinks
 
     check(args.tensorboard, args.wandb, args.wandb_mode)  # a missing package stops here
+    from atoll.live.launcher import Launcher  # (torch: bad flags are answered before it)
+
     http = args.http_port
     if http is None and page:
         from atoll.live.launcher import free_port

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from atoll.sinks import check
+
+    check(args.tensorboard, args.wandb, args.wandb_mode)  # a missing package stops here, at once
     from atoll.config import parse_overrides
     from atoll.sim.presets import get_preset
     from atoll.sim.report import plot, print_table
@@ -50,9 +53,6 @@ def main(args: argparse.Namespace) -> int:
     if args.scenario:
         overrides["scenario"] = args.scenario
     corpora = read_corpora(plan_runs(preset, overrides))  # bad settings stop here, before compute
-    from atoll.sinks import check
-
-    check(args.tensorboard, args.wandb, args.wandb_mode)  # a missing package: here too
     seed = overrides.get("seed", 0)
     out = args.out or Path("runs") / f"sim-{preset.name}-s{seed}"
 
