@@ -209,12 +209,10 @@ class ProtocolSettings:
             "an integer >= 0 (0: frames only)",
         )
         need(self, self.history_bytes >= 0, "history_bytes", "0 (no bound) or bytes > 0")
-        from atoll.core.choices import check_choices
+        from atoll.core.choices import check_choices, check_fused
 
         check_choices(self)  # packing, schedule, merge, weighting, outer, receipt, codecs...
-        from atoll.core import fused
-
-        fused.check(self.fused, self.syncer_threads)  # the round's data path and its threads
+        check_fused(self.fused, self.syncer_threads)  # the round's data path and its threads
         need(self, 0 <= self.alpha < 1, "alpha", "a number in [0, 1)")
         need(self, 1 <= self.P <= self.H, "P", f"an integer in [1, H={self.H}]")
         need(self, 0 <= self.tau < self.H, "tau", f"an integer in [0, H={self.H})")

@@ -1,22 +1,27 @@
-"""The allowed values of every enumerated setting, checked in one place.
+"""The allowed values of every enumerated setting, defined and checked in one place.
 
-Each tuple is the one spelling of its values (the core modules that act on a value define
-it); `check_choices` checks any settings object (the config's `ProtocolSettings`, the core's
-`LearnerConfig` and `SyncerConfig`) against them, field by field name.
+Each tuple is the one spelling of its values; the core module that acts on a value imports
+its tuple from here (codec, fragments, fused, merge, outer, receipt). `check_choices` checks any
+settings object (the config's `ProtocolSettings`, the core's `LearnerConfig` and
+`SyncerConfig`) against them, field by field name. This module imports no torch: a bad setting
+is answered before anything heavy is loaded.
 """
 
 from __future__ import annotations
 
-from atoll.core.codec import SCHEMES
-from atoll.core.fragments import PACKINGS
-from atoll.core.fused import FUSED_MODES
-from atoll.core.merge import LIGHT_ROUNDS, MERGES, WEIGHTINGS
-from atoll.core.outer import OUTER_OPTIMIZERS
-from atoll.core.receipt import RECEIPT_MODES
+import os
+
 from atoll.errors import ConfigError
 
+CODECS = ("fp32", "bf16", "int8", "int4")  # in the order of their wire codes (codec.SCHEMES)
+PACKINGS = ("balanced", "strided")  # how tensors are grouped into fragments (make_plan)
+FUSED_MODES = ("auto", "on", "off")  # the syncer's fused data path (core/fused.py)
+MERGES = ("rda", "mean")
+LIGHT_ROUNDS = ("scale", "full")
+WEIGHTINGS = ("tokens", "uniform")  # tokens^2/steps, or 1 per contribution
+OUTER_OPTIMIZERS = ("nesterov", "delayed_nesterov", "sgd")
+RECEIPT_MODES = ("overwrite", "blend", "carry")
 SCHEDULES = ("pull", "push")  # "pull": the syncer paces rounds; "push": learners' step counts
-CODECS = tuple(SCHEMES)
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "packing": PACKINGS,
@@ -49,3 +54,26 @@ def check_choices(settings: object, empty_ok: tuple[str, ...] = ()) -> None:
             value = getattr(settings, key)
             if not (key in empty_ok and value == ""):
                 check_choice(key, value)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_fused(fused: str, threads: str) -> int:
+    """The syncer round's data path (`fused`) and its thread count `threads` checked ("auto":
+    every core the process may use); the thread count resolved (core/fused.py's `check`)."""
+    check_choice("fused", fused)
+    n = cores()
+    if threads == "auto":
+        return n
+    try:
+        k = int(threads)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= n:
+        raise ConfigError(
+            "syncer_threads", threads, f"auto or an integer in [1, {n}] (the cores it may use)"
+        )
+    return k

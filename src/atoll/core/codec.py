@@ -32,12 +32,13 @@ import zstandard
 
 from atoll.checksum import crc32
 from atoll.core import quant
+from atoll.core.choices import CODECS
 from atoll.errors import ConfigError
 
 if TYPE_CHECKING:
     from atoll.core.messages import Contribution, Outgoing
 
-SCHEMES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
+SCHEMES = {name: code for code, name in enumerate(CODECS)}  # fp32 0, bf16 1, int8 2, int4 3
 # byte b of an int4 body holds two values: low nibble - 8, then high nibble - 8
 QMAX = {"int8": 127, "int4": 7}
 _HEADER = struct.Struct("<4sBBBBQIII")

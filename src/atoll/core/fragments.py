@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from atoll.core.choices import PACKINGS
 from atoll.errors import ConfigError
 
 
@@ -63,7 +64,6 @@ def balanced_pack(sizes: Mapping[str, int], bins: int) -> list[list[str]]:
     return out
 
 
-PACKINGS = ("balanced", "strided")  # how tensors are grouped into fragments (make_plan)
 _LAYER = re.compile(r"\.(\d+)\.")
 
 

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import importlib
 import logging
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -35,9 +34,9 @@ import numpy as np
 import torch
 
 from atoll.core import codec, quant
-from atoll.errors import ConfigError
+from atoll.core.choices import check_fused as check
+from atoll.core.choices import cores
 
-FUSED_MODES = ("auto", "on", "off")
 MIN_VALUES = 1 << 18
 HOLDABLE = ("int8", "int4", "bf16")  # the schemes of the frames a round holds
 log = logging.getLogger("atoll.syncer")
@@ -49,30 +48,6 @@ _loaded: dict[str, Any] = {}
 _pool: list[torch.Tensor] = []  # buffers a committed round let go of (`give`)
 _pool_lock = threading.Lock()
 POOL = 6
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def check(fused: str, threads: str) -> int:
-    """The settings checked: the thread count `threads` ("auto": every core the process may
-    use) resolved."""
-    if fused not in FUSED_MODES:
-        raise ConfigError("fused", fused, f"one of {', '.join(FUSED_MODES)}")
-    n = cores()
-    if threads == "auto":
-        return n
-    try:
-        k = int(threads)
-    except ValueError:
-        k = 0
-    if not 1 <= k <= n:
-        raise ConfigError(
-            "syncer_threads", threads, f"auto or an integer in [1, {n}] (the cores it may use)"
-        )
-    return k
 
 
 def configure(fused: str = "auto", threads: str = "auto") -> None:

@@ -24,11 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
+from atoll.core.choices import MERGES
 from atoll.errors import ConfigError
-
-MERGES = ("rda", "mean")
-LIGHT_ROUNDS = ("scale", "full")
-WEIGHTINGS = ("tokens", "uniform")  # tokens^2/steps, or 1 per contribution
 
 
 class RoundWeight:

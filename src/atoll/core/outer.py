@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from atoll.core.choices import OUTER_OPTIMIZERS
 from atoll.errors import ConfigError
-
-OUTER_OPTIMIZERS = ("nesterov", "delayed_nesterov", "sgd")
 
 
 @dataclass

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from atoll.core.choices import RECEIPT_MODES
 from atoll.errors import ConfigError
-
-RECEIPT_MODES = ("overwrite", "blend", "carry")
 
 
 def check_mode(mode: str, alpha: float) -> None:

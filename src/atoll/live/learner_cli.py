@@ -144,9 +144,14 @@ def main(args: argparse.Namespace) -> int:
         check_secret(f"learner {args.id or f'L{args.index}'}", args.syncer, args.run_id, secret,
                      args.tls_ca)  # fmt: skip
 
+    from atoll.config import load_job
+
+    job = load_job(args.overrides, args.config)  # a bad setting too: before torch
+    scfg, lcfg = job.sim, job.live
+    if not 0 <= args.index < scfg.learners:
+        raise ConfigError("--index", args.index, f"an integer in [0, learners={scfg.learners})")
     import torch
 
-    from atoll.config import load_job
     from atoll.config.options import learner_options
     from atoll.live.learner import Learner
     from atoll.live.learner.devices import learner_device
@@ -154,10 +159,6 @@ def main(args: argparse.Namespace) -> int:
     from atoll.model.train import DataStream, inner_lr, new_inner_optimizer, train_step
 
     torch.set_num_threads(1)
-    job = load_job(args.overrides, args.config)
-    scfg, lcfg = job.sim, job.live
-    if not 0 <= args.index < scfg.learners:
-        raise ConfigError("--index", args.index, f"an integer in [0, learners={scfg.learners})")
     # bad data (a missing file, ids beyond vocab, too few tokens) stops here, before the syncer
     # is asked anything; text the launcher read once comes from its cache file
     cached = args.corpus.read_bytes() if args.corpus and args.corpus.is_file() else None

@@ -105,6 +105,11 @@ def main(args: argparse.Namespace) -> int:
     import time
 
     from atoll.config import load_job
+    from atoll.wire.auth import load_secret
+
+    job = load_job(args.overrides, args.config)  # a bad setting or secret: before torch
+    scfg = job.sim
+    secret = load_secret(args.secret_file)
     from atoll.config.options import syncer_options
     from atoll.core.events import RestoreFailed
     from atoll.core.shards import ShardSpec, identity
@@ -113,11 +118,7 @@ def main(args: argparse.Namespace) -> int:
     from atoll.live.client import write_address
     from atoll.live.syncer import SyncerService, results, shard_set
     from atoll.live.syncer.store_read import StoreError
-    from atoll.wire.auth import load_secret
 
-    job = load_job(args.overrides, args.config)
-    scfg = job.sim
-    secret = load_secret(args.secret_file)
     plan, init = _start(args, scfg)  # bad input stops here, before anything is written
     shard = ShardSpec.parse(args.shard) if args.shard else None
     count = args.shards if args.shards is not None else job.live.shards
