@@ -2,10 +2,9 @@
 # Set everything up and run the whole test suite, every tier, slow end-to-end tests included
 # (the README's second quick-start command; CI runs it). Arguments go to pytest, e.g.
 # `./scripts/test.sh tests/unit` or `./scripts/test.sh -m "not slow"`.
-# Two phases: first every test not marked `serial`, shared out to ATOLL_TEST_WORKERS pytest-xdist
-# workers (default 3; a test file stays on one worker, so its fixtures and namespaces are its
-# own), then the `serial` ones, which need the cores to themselves, one at a time.
-# ATOLL_TEST_WORKERS=0 runs everything in one process, in one phase.
+# The tests are shared out to ATOLL_TEST_WORKERS pytest-xdist workers (default 3; a test file
+# stays on one worker, so its fixtures and namespaces are its own); ATOLL_TEST_WORKERS=0 runs
+# them in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -18,20 +17,10 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
       echo "[test] chromium could not be installed: the browser test will say so" >&2
   fi
 fi
-workers="${ATOLL_TEST_WORKERS:-3}"
-if [ "$workers" = 0 ]; then
-  exec .venv/bin/python -m pytest -n 0 "$@"
-fi
 start=$(date +%s)
 set +e
-ATOLL_TEST_PHASE=parallel .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
-parallel=$?
-echo "[test] the serial tests, one at a time" >&2
-ATOLL_TEST_PHASE=serial .venv/bin/python -m pytest -n 0 "$@"
-serial=$?
+.venv/bin/python -m pytest -n "${ATOLL_TEST_WORKERS:-3}" --dist loadfile "$@"
+rc=$?
 set -e
-# 5: no test was selected in that phase
-[ "$parallel" = 5 ] && parallel=0
-[ "$serial" = 5 ] && serial=0
-echo "[test] both phases in $(($(date +%s) - start)) s" >&2
-[ "$parallel" = 0 ] && [ "$serial" = 0 ]
+echo "[test] $(($(date +%s) - start)) s" >&2
+exit "$rc"

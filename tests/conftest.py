@@ -36,21 +36,3 @@ if _cpu_log := os.environ.get("ATOLL_TEST_CPU"):
         (s1, c1), t1 = cpu(), time.monotonic()
         with open(_cpu_log, "a") as fh:
             fh.write(f"{s1 - s0:.2f} {c1 - c0:.2f} {t1 - t0:.2f} {item.nodeid}\n")
-
-
-# -- scripts/test.sh runs the suite in two phases: ATOLL_TEST_PHASE=parallel (pytest-xdist
-# workers) runs every test but those marked `serial`, then ATOLL_TEST_PHASE=serial runs those,
-# one at a time, with the machine's cores to themselves; unset, a run selects everything
-_phase = os.environ.get("ATOLL_TEST_PHASE", "")
-
-
-def pytest_collection_modifyitems(config, items):
-    if _phase not in ("parallel", "serial"):
-        return
-    keep, drop = [], []
-    for item in items:
-        serial = item.get_closest_marker("serial") is not None
-        (keep if serial == (_phase == "serial") else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep

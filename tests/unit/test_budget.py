@@ -45,13 +45,36 @@ def test_start_barrier_off_and_restored():
     assert StartBarrier(2, start_at=3.0).joined(50.0, 2) == pytest.approx(3.0)
 
 
-def test_a_learner_stops_at_its_share_of_what_was_left_counted_from_the_answer():
+def test_a_learner_asks_once_at_its_share_of_what_was_left_and_stops_only_when_told():
     share = BudgetShare()
-    assert not share.spent(10**9)  # no answer yet: no budget known
+    assert not share.ask(10**9) and not share.spent(10**9)  # no answer yet: no budget known
     share.answer(tokens=1000, remaining=300, live=3)  # 100 tokens are this learner's
-    assert not share.spent(1099) and share.spent(1100)
-    share.answer(tokens=1100, remaining=0, live=0)  # nothing left (live counted as 1)
-    assert share.spent(1100)
+    assert not share.ask(1099) and share.ask(1100)
+    assert not share.ask(1200) and not share.spent(1200)  # asked once; it trains on
+    share.answer(tokens=1200, remaining=0, live=0)  # nothing left (live counted as 1)
+    assert share.ask(1200) and not share.spent(1200)  # still not told to stop: asks again
+    share.stop()
+    assert share.spent(1200) and not share.ask(1300)
+
+
+def test_answers_of_different_ages_do_not_end_a_run_short_of_its_budget():
+    """L0 is answered before anyone trained (500 of 1,000 are its), L1 after L0 trained 400
+    (300 are its). Stopping on their shares, as learners did, they ended at 500 + 300: 800 of
+    1,000. Now each asks when it has trained its share and goes on until the syncer says stop."""
+    budget = TokenBudget(1000)
+    l0, l1 = BudgetShare(), BudgetShare()
+    a = budget.answer(0, 2)
+    l0.answer(0, a.remaining, a.live)
+    a = budget.answer(400, 2)
+    l1.answer(0, a.remaining, a.live)
+    assert l0.share == (0, 500.0) and l1.share == (0, 300.0)
+    assert l0.ask(500) and l1.ask(300) and not l0.spent(500) and not l1.spent(300)
+    a = budget.answer(800, 2)  # the syncer counts both: 200 left, 100 each
+    assert not a.stop
+    l0.answer(500, a.remaining, a.live)
+    l1.answer(300, a.remaining, a.live)
+    assert l0.ask(600) and l1.ask(400)
+    assert budget.answer(1000, 2).stop  # now the syncer says stop: 1,000 trained
 
 
 def test_a_learner_stops_when_the_syncer_says_so_and_its_state_round_trips():
@@ -59,7 +82,7 @@ def test_a_learner_stops_when_the_syncer_says_so_and_its_state_round_trips():
     share.answer(tokens=10, remaining=50, live=2)
     again = BudgetShare()
     again.load_state_dict(share.state_dict())
-    assert again == share and not again.spent(34) and again.spent(35)
+    assert again == share and not again.ask(34) and again.ask(35) and not again.spent(35)
     share.stop()
     assert share.spent(0)
     again.load_state_dict(share.state_dict())

@@ -27,6 +27,7 @@ from atoll.live.comm.messages import (
     PullReceived,
     RefusalReceived,
     RequestHeal,
+    StepState,
     Submit,
     UpdateReceived,
     Welcomed,
@@ -51,9 +52,12 @@ class ScriptedPort:
         self.now: list = []
         self.later: list = []
         self.sent: list[tuple] = []  # what the learner handed over, in order
+        self.steps: list[StepState] = []  # its step reports
 
     def send(self, msg: object) -> None:
-        if isinstance(msg, RequestHeal):
+        if isinstance(msg, StepState):
+            self.steps.append(msg)
+        elif isinstance(msg, RequestHeal):
             self.sent.append(("heal_request",))
         elif isinstance(msg, BeatOnce):
             self.later.append(BeatDone(True))
@@ -306,7 +310,8 @@ def test_one_script_gives_the_same_sends_and_parameters_under_both_drivers():
 
 def test_a_budget_answer_that_comes_before_the_first_heal_is_kept():
     """The syncer answers heartbeats sent while the learner waits for its first heal: its
-    share of the budget counts once the learner trains (here: one step of it)."""
+    share of the budget counts once the learner trains (here: one step of it): the step's
+    report asks the syncer at once, and the learner stops when the syncer says so."""
     sim = DecoupledSim(CFG)
     plan = sim.plan
     init = [plan.flatten(dict(sim.learners[0].model.named_parameters()), p) for p in range(3)]
@@ -317,6 +322,10 @@ def test_a_budget_answer_that_comes_before_the_first_heal_is_kept():
     port.now += [answer, Welcomed(welcome.SerializeToString()), HealReceived(heal)]
     learner = ScriptedLearner(port, new_model(CFG))
     assert not learner.should_stop
+    learner.step(TOKENS)
+    assert [m.ask for m in port.steps] == [False, True]  # the heal's report, then the step's
+    assert not learner.should_stop  # its share trained: it asks, it does not stop by itself
+    port.now.append(CommStatus(seq=2, stop=True))
     learner.step(TOKENS)
     assert learner.should_stop and learner.proto.phase is Phase.DONE
     assert [o.fragment for _, o in port.sent] == [0, 1, 2]  # the final flush

@@ -4,9 +4,11 @@ beginning.
 
 A run with a token budget ends when the learners' counted tokens reach it: the syncer asks
 every learner to stop in its heartbeat replies, and tells each how much remains and how many
-learners share it (so that a learner can pace its last steps). A run that expects `expect`
-learners gives them one start time, `delay_s` after the last of them joined, so that they
-start their first step together.
+learners share it. A learner stops only when the syncer says so, so that the run trains at
+least its budget; once it has trained its share of what was left it asks at once (a heartbeat
+now, not up to `heartbeat_s` later), so that the run ends within a few steps of the budget.
+A run that expects `expect` learners gives them one start time, `delay_s` after the last of
+them joined, so that they start their first step together.
 
 When a run with a budget is over (`RunEnd`, asked by `SyncerProtocol.run_over`): the budget is
 spent and every learner has flushed (each learner ends its session after its final flush and
@@ -135,23 +137,39 @@ class StartBarrier:
 
 @dataclass
 class BudgetShare:
-    """A learner's side of the token budget: it stops when the syncer says the budget is spent,
-    or once it has trained its share of what the syncer's last answer said was left (the
-    remaining tokens over the live learners), counted from the tokens that answer carried."""
+    """A learner's side of the token budget: it stops when the syncer says the budget is spent.
+    Once it has trained its share of what the syncer's last answer said was left (the remaining
+    tokens over the live learners, counted from the tokens that answer carried) it asks again
+    at once, once per answer.
+
+    (It used to stop on its share: answers of different ages, one learner's taken before the
+    others had trained theirs, could add up to less than the budget, and a run under load ended
+    a step short of it.)"""
 
     stopped: bool = False
     share: tuple[int, float] | None = None  # (tokens at the answer, tokens left to it)
+    asked: bool = False  # this answer's share is trained and a heartbeat asked for
 
     def answer(self, tokens: int, remaining: int, live: int) -> None:
         self.share = (tokens, remaining / max(live, 1))
+        self.asked = False
 
     def stop(self) -> None:
         self.stopped = True
 
     def spent(self, tokens: int) -> bool:
-        """Whether a learner that has trained `tokens` in all should stop."""
+        """Whether a learner that has trained `tokens` in all should stop: the syncer said the
+        budget is spent (`tokens`: the same signature as `ask`)."""
+        return self.stopped
+
+    def ask(self, tokens: int) -> bool:
+        """Whether to ask the syncer now (a heartbeat at once): a learner that has trained
+        `tokens` in all has trained its share of the last answer, and has not asked since."""
         share = self.share
-        return self.stopped or (share is not None and tokens - share[0] >= share[1])
+        if self.stopped or self.asked or share is None or tokens - share[0] < share[1]:
+            return False
+        self.asked = True
+        return True
 
     def state_dict(self) -> dict:
         return {"stopped": self.stopped, "share": self.share}

@@ -222,7 +222,7 @@ class LearnerProtocol:
 
     @property
     def should_stop(self) -> bool:
-        """The budget is spent: the syncer said so, or this learner trained its share."""
+        """The budget is spent: the syncer said so (core/budget.py, `BudgetShare`)."""
         return self.phase is Phase.DONE or self.budget.spent(self.tokens)
 
     def boundary(self, now: float) -> Boundary:

@@ -107,6 +107,7 @@ class StepState:
     base_versions: tuple[int, ...]
     latest_versions: tuple[int, ...]
     submits: tuple[Submit, ...] = ()
+    ask: bool = False  # its share of the budget's rest is trained: a heartbeat at once
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ class StepReports:
         if st.steps > self.since:  # the first step since (re)joining: report it at once
             self.since = NO_REPORT
             self.beat_now.set()
+        if st.ask:  # its share of the budget's rest trained: the syncer is asked at once
+            self.beat_now.set()
 
     def rejoined(self) -> None:
         """A Welcome: the next step is to be reported at once."""

@@ -224,8 +224,8 @@ class Learner:
     def should_stop(self) -> bool:
         """True once the run's token budget is spent: check it after `step()` and leave the
         loop, then call `finish()`. The learner protocol's word: the syncer said the run is
-        over, or this learner trained its share of what its last answer said was left. Always
-        False for a syncer without a budget (it runs until stopped)."""
+        over (asked at once when this learner has trained its share of what its last answer
+        said was left). Always False for a syncer without a budget (it runs until stopped)."""
         return self.proto is not None and self.proto.should_stop
 
     @property
@@ -316,6 +316,7 @@ class Learner:
                 base_versions=tuple(p.base_version),
                 latest_versions=tuple(p.latest_version),
                 submits=tuple(self._submits),
+                ask=self.budget.ask(p.tokens),
             )
         )
         self._submits = []
