@@ -51,10 +51,19 @@ def test_a_learner_asks_once_at_its_share_of_what_was_left_and_stops_only_when_t
     share.answer(tokens=1000, remaining=300, live=3)  # 100 tokens are this learner's
     assert not share.ask(1099) and share.ask(1100)
     assert not share.ask(1200) and not share.spent(1200)  # asked once; it trains on
-    share.answer(tokens=1200, remaining=0, live=0)  # nothing left (live counted as 1)
-    assert share.ask(1200) and not share.spent(1200)  # still not told to stop: asks again
+    share.answer(tokens=1200, remaining=50, live=2)  # still not told to stop: asks again
+    assert not share.ask(1224) and share.ask(1225) and not share.spent(1300)
     share.stop()
-    assert share.spent(1200) and not share.ask(1300)
+    assert share.spent(1300) and not share.ask(1400)
+
+
+def test_the_only_live_learner_stops_once_it_has_trained_what_was_left():
+    """Alone, its share is the whole rest: the run cannot fall short, and it ends exactly."""
+    share = BudgetShare()
+    share.answer(tokens=1000, remaining=300, live=1)
+    assert not share.spent(1299) and share.spent(1300) and not share.ask(1300)
+    share.answer(tokens=1300, remaining=0, live=0)  # nothing left (no session counted as 1)
+    assert share.spent(1300)
 
 
 def test_answers_of_different_ages_do_not_end_a_run_short_of_its_budget():

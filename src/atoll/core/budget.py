@@ -4,9 +4,10 @@ beginning.
 
 A run with a token budget ends when the learners' counted tokens reach it: the syncer asks
 every learner to stop in its heartbeat replies, and tells each how much remains and how many
-learners share it. A learner stops only when the syncer says so, so that the run trains at
-least its budget; once it has trained its share of what was left it asks at once (a heartbeat
-now, not up to `heartbeat_s` later), so that the run ends within a few steps of the budget.
+learners share it. A learner stops when the syncer says so, or, the only live learner, once it
+has trained what was left; with others live, once it has trained its share of what was left it
+asks at once (a heartbeat now, not up to `heartbeat_s` later) and trains on: the run trains at
+least its budget and ends within a few steps of it.
 A run that expects `expect` learners gives them one start time, `delay_s` after the last of
 them joined, so that they start their first step together.
 
@@ -137,47 +138,53 @@ class StartBarrier:
 
 @dataclass
 class BudgetShare:
-    """A learner's side of the token budget: it stops when the syncer says the budget is spent.
-    Once it has trained its share of what the syncer's last answer said was left (the remaining
-    tokens over the live learners, counted from the tokens that answer carried) it asks again
-    at once, once per answer.
+    """A learner's side of the token budget: it stops when the syncer says the budget is spent,
+    or when the syncer's last answer said it was the only live learner and it has trained what
+    that answer said was left. With others live, once it has trained its share of what was left
+    (the remaining tokens over the live learners, counted from the tokens that answer carried)
+    it asks again at once, once per answer, and trains on.
 
-    (It used to stop on its share: answers of different ages, one learner's taken before the
-    others had trained theirs, could add up to less than the budget, and a run under load ended
-    a step short of it.)"""
+    (Learners used to stop on their share: answers of different ages, one learner's taken
+    before the others had trained theirs, could add up to less than the budget, and a run under
+    load ended a step short of it. Alone, the share is the whole rest: it cannot fall short.)"""
 
     stopped: bool = False
     share: tuple[int, float] | None = None  # (tokens at the answer, tokens left to it)
+    alone: bool = False  # the answer counted no other live learner
     asked: bool = False  # this answer's share is trained and a heartbeat asked for
 
     def answer(self, tokens: int, remaining: int, live: int) -> None:
         self.share = (tokens, remaining / max(live, 1))
+        self.alone = live <= 1
         self.asked = False
 
     def stop(self) -> None:
         self.stopped = True
 
+    def _trained(self, tokens: int) -> bool:
+        share = self.share
+        return share is not None and tokens - share[0] >= share[1]
+
     def spent(self, tokens: int) -> bool:
-        """Whether a learner that has trained `tokens` in all should stop: the syncer said the
-        budget is spent (`tokens`: the same signature as `ask`)."""
-        return self.stopped
+        """Whether a learner that has trained `tokens` in all should stop."""
+        return self.stopped or (self.alone and self._trained(tokens))
 
     def ask(self, tokens: int) -> bool:
         """Whether to ask the syncer now (a heartbeat at once): a learner that has trained
         `tokens` in all has trained its share of the last answer, and has not asked since."""
-        share = self.share
-        if self.stopped or self.asked or share is None or tokens - share[0] < share[1]:
+        if self.stopped or self.alone or self.asked or not self._trained(tokens):
             return False
         self.asked = True
         return True
 
     def state_dict(self) -> dict:
-        return {"stopped": self.stopped, "share": self.share}
+        return {"stopped": self.stopped, "share": self.share, "alone": self.alone}
 
     def load_state_dict(self, st: dict) -> None:
         self.stopped = bool(st.get("stopped", False))
         share = st.get("share")
         self.share = None if share is None else (int(share[0]), float(share[1]))
+        self.alone = bool(st.get("alone", False))
 
 
 class EvalPoints:
