@@ -198,6 +198,11 @@ def main(args: argparse.Namespace) -> int:
     events.close()
     if over_at is not None and not args.serve_after_budget:
         _results(args, job, service, shard, None, start, over_at)
+    # done: a SIGTERM from now on has nothing to stop. Ignored, not left to the handler, which
+    # Python resets to the default as it exits: a stop sent as the run ended by itself (a
+    # supervisor's, a test's) killed the exiting process (-15) instead of letting it exit 0
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return 0
 
 
