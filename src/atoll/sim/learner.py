@@ -12,6 +12,7 @@ from atoll.core.codec import ContributionEncoder
 from atoll.core.events import Event, Step
 from atoll.core.learner import LearnerProtocol, Phase
 from atoll.core.messages import CONTROL_BYTES, FragmentUpdate, Heal, PushAnswer, Resumed
+from atoll.model.adamw import AdamW
 from atoll.model.train import DataStream
 from atoll.sim.world import FailureSchedule, Link, StepClock, Windows
 
@@ -21,7 +22,7 @@ class SimLearner:
     id: str
     index: int
     model: torch.nn.Module
-    opt: torch.optim.Optimizer
+    opt: AdamW
     proto: LearnerProtocol
     data: DataStream
     clock: StepClock

@@ -29,7 +29,7 @@ from atoll.core.budget import BudgetShare
 from atoll.core.events import CommFatal, Event, Step, Training
 from atoll.core.fragments import FlatFragments, FragmentPlan, FragmentStore
 from atoll.core.learner import Boundary, HealRequest, LearnerProtocol
-from atoll.core.messages import Heal, Outgoing, Send
+from atoll.core.messages import Heal, Outgoing, Send, UpdateKind
 from atoll.eventlog import EventLog
 from atoll.live.address import check_addresses
 from atoll.live.comm.messages import (
@@ -99,7 +99,7 @@ class Learner:
     def __init__(
         self,
         model: torch.nn.Module,
-        inner_optimizer: torch.optim.Optimizer | None = None,
+        inner_optimizer: Any = None,  # yours (torch.optim or not): kept, never stepped here
         syncer: str = "127.0.0.1:7070",
         *,
         learner_id: str | None = None,
@@ -345,7 +345,7 @@ class Learner:
                 self.bytes_down += len(u.payload)
                 # decoded by the communication side (from the child: in a slot or an array);
                 # a delta is only read (on_update): it may be read where it is
-                keep = u.kind == "full"
+                keep = u.kind == UpdateKind.FULL
                 tensor = self.port.value_in(u.fragment, value, copy=keep)
                 try:
                     self._outputs(proto.on_update(time.time(), u, tensor))
