@@ -19,15 +19,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from atoll.core import events as ev
 from atoll.core.events import Accepted, Event, Joined, RoundClosed, Step
 
 
-def _of(events: Iterable[Event], kind: str) -> list[Event]:
-    return [e for e in events if e.kind == kind]
+def _of(events: Iterable[Event], cls: type[ev.Record]) -> list[Event]:
+    return [e for e in events if isinstance(e.data, cls)]
 
 
 def round_stats(events: Iterable[Event]) -> dict[str, Any]:
-    rounds = _of(events, "round_closed")
+    rounds = _of(events, RoundClosed)
     parts = [len(e.data.participants) for e in rounds]
     stale = [s for e in rounds for s in e.data.staleness]
     hist: dict[str, int] = {}
@@ -48,7 +49,7 @@ def useful_work(events: Iterable[Event]) -> float:
     """Step-seconds whose work reached the syncer (in accepted contributions)."""
     useful = 0.0
     for e in events:
-        if e.kind == "accepted":
+        if isinstance(e.data, Accepted):
             useful += e.data.work_s
     return useful
 
@@ -62,12 +63,8 @@ def goodput_of(useful_s: float, learners: int, window_s: float) -> float:
     return min(useful_s / max(learners * window_s, 1e-9), 1.0)
 
 
-def _total(events: Iterable[Event], kind: str, field: str) -> float:
-    total = 0.0
-    for e in events:
-        if e.kind == kind:
-            total += e.data[field]
-    return total
+def _total(events: Iterable[Event], cls: type[ev.Record], field: str) -> float:
+    return sum((e.data[field] for e in _of(events, cls)), 0.0)
 
 
 def run_stats(events: list[Event], learners: int, window_s: float) -> dict[str, Any]:
@@ -77,11 +74,11 @@ def run_stats(events: list[Event], learners: int, window_s: float) -> dict[str, 
         # the one definition (Figures); a stream without a join: over `window_s`
         "goodput": f.goodput() if f.window_s() else goodput(events, learners, window_s),
         **round_stats(events),
-        "blocked_s": _total(events, "blocked", "wait_s"),
-        "down_s": _total(events, "rejoined", "downtime_s"),
-        "lost_work_s": _total(events, "failed", "lost_steps_s"),
-        "failures": len(_of(events, "failed")),
-        "refused": len(_of(events, "refused")),
+        "blocked_s": _total(events, ev.Blocked, "wait_s"),
+        "down_s": _total(events, ev.Rejoined, "downtime_s"),
+        "lost_work_s": _total(events, ev.Failed, "lost_steps_s"),
+        "failures": len(_of(events, ev.Failed)),
+        "refused": len(_of(events, ev.Refused)),
     }
 
 
@@ -91,17 +88,15 @@ def rejoin_times(events: list[Event]) -> tuple[list[float], float]:
     out, down = [], 0.0
     kills: dict[str, float] = {}
     for e in events:
-        if e.kind == "chaos" and e.data.action == "kill":
+        if isinstance(e.data, ev.Chaos) and e.data.action == "kill":
             kills[e.data.process] = e.t
-        if e.kind == "crashed":
+        if isinstance(e.data, ev.Crashed):
             kills.setdefault(e.data.process, e.t)
     for e in events:
-        if e.kind != "restarted" or e.data.process == "syncer":
+        if not isinstance(e.data, ev.Restarted) or e.data.process == "syncer":
             continue
         lid, t = e.data.process, e.t
-        nxt = next(
-            (x for x in events if x.kind == "training" and x.source == lid and x.t > t), None
-        )
+        nxt = next((x for x in _of(events, ev.Training) if x.source == lid and x.t > t), None)
         if nxt is not None:
             out.append(round(nxt.t - t, 3))
             if lid in kills:
@@ -118,9 +113,9 @@ def syncer_rejoins(events: Iterable[Event]) -> list[float]:
     inc: dict[str, tuple[str | None, float]] = {}  # learner -> (incarnation, joined at)
     lost: dict[str, float] = {}
     for e in events:
-        if e.kind == "lost":
+        if isinstance(e.data, ev.Lost):
             lost.setdefault(e.data.learner, e.t)
-        elif e.kind == "joined":
+        elif isinstance(e.data, Joined):
             lid, now = e.data.learner, e.data.incarnation
             was = inc.get(lid)
             if was is not None and was[0] == now:

@@ -6,7 +6,6 @@ bit-identical global value, and the same end of the run (core/budget.py)."""
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 
@@ -17,6 +16,7 @@ from atoll.core import codec
 from atoll.core.messages import Contribution, Progress, Pull
 from atoll.eventlog import load_events
 from atoll.live.syncer import SyncerOptions, SyncerService
+from atoll.sim import queue
 from atoll.sim.decoupled import DecoupledSim
 from atoll.wire import PROTOCOL, convert
 from atoll.wire import atoll_pb2 as pb
@@ -101,14 +101,11 @@ def run_virtual(script) -> tuple[dict, list]:
         elif action == "leave":
             sim.leave(now, lr)
         # the syncer's timers now due (the pull clock), as the driver's loop runs them
-        timers = sorted(x for x in sim.queue if x[2] == "timer" and x[0] <= now)
-        for x in timers:
-            sim.queue.remove(x)
-            sim.syncer_outputs(x[0], sim.syncer.on_timer(x[0], x[3][0]))
-        heapq.heapify(sim.queue)
-    for _, _, kind, args in sorted(sim.queue):
-        if kind == "down" and isinstance(args[2], Pull):
-            pulls.append((args[0], args[2].fragment, args[2].tick))
+        for t, timer in sim.queue.take(now, queue.Timer):
+            sim.syncer_outputs(t, sim.syncer.on_timer(t, timer.key))
+    for _, item in sim.queue:
+        if isinstance(item, queue.Down) and isinstance(item.message, Pull):
+            pulls.append((item.learner, item.message.fragment, item.message.tick))
     return _summary(sim.events, sim.syncer), sorted(pulls)
 
 

@@ -48,7 +48,16 @@ from atoll.core.learner_types import (
     Phase,
     supersede,
 )
-from atoll.core.messages import Action, FragmentUpdate, Heal, Outgoing, Progress, Pull, Send
+from atoll.core.messages import (
+    Action,
+    FragmentUpdate,
+    Heal,
+    Outgoing,
+    Progress,
+    Pull,
+    Send,
+    UpdateKind,
+)
 from atoll.core.receipt import receive
 
 __all__ = ["Boundary", "HealRequest", "LearnerConfig", "LearnerProtocol", "Phase", "supersede"]
@@ -141,9 +150,9 @@ class LearnerProtocol:
         covered = []
         for u in heal.updates:
             p = u.fragment
-            if u.kind == "held":  # our own value is the global one (digests matched)
+            if u.kind == UpdateKind.HELD:  # our own value is the global one (digests matched)
                 value = self._flatten(p)
-            elif u.kind == "full":
+            elif u.kind == UpdateKind.FULL:
                 value = self._on_device(p, codec.decode(u.payload, self.plan.fragments[p].numel))
             else:
                 raise ValueError("a heal carries full or held values only")
@@ -337,7 +346,7 @@ class LearnerProtocol:
         p = u.fragment
         if not self.healed or u.version <= self.latest_version[p]:
             return []
-        if u.kind != "full" and u.base_version != self.latest_version[p]:
+        if u.kind != UpdateKind.FULL and u.base_version != self.latest_version[p]:
             reason = (
                 f"delta update for fragment {p} based on version {u.base_version}, "
                 f"learner has {self.latest_version[p]}: it must heal"
@@ -353,7 +362,7 @@ class LearnerProtocol:
                 f"expected float32 ({numel},)"
             )
         value = self._on_device(p, value)
-        self.latest[p] = value if u.kind == "full" else self.latest[p] + value
+        self.latest[p] = value if u.kind == UpdateKind.FULL else self.latest[p] + value
         self.latest_version[p] = u.version
         rec = self.outstanding.get(p)
         if rec is not None and any(lid == self.id and s >= rec.seq for lid, s in u.included):

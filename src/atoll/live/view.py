@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll import metrics
+from atoll.core import events as ev
 from atoll.core.events import FINISHED, Event
 
 POLL_BYTES = 8 << 20  # of the event log read at one poll at most
@@ -118,45 +119,45 @@ class RunState:
             self.started = now
 
     def feed(self, e: Event) -> None:
-        d, kind = e.data, e.kind
         self.fig.feed(e)
-        if kind == "evaluated":
-            self.evals.append((d.tokens, d.eval_loss))
-        elif kind == "step":
-            r = self._tokens(e.source, d.incarnation, e.t, d.tokens)
-            r.step, r.state, r.reported = d.step, "training", True
-            self.steps[(e.source, d.incarnation)] = d.step
-            self.steps.pop((e.source, "syncer"), None)  # what the syncer said of it before
-            self.wire.pop((e.source, "syncer"), None)
-            if d.wire_up is not None:
-                self.wire[(e.source, d.incarnation)] = (d.wire_up, d.wire_down or 0)
-                r.up, r.down = d.wire_up, d.wire_down or 0
-        elif kind == "training":
-            first = self.started is None or self._by_join
-            self.started = e.t if first else min(self.started, e.t)  # type: ignore[type-var]
-            self._by_join = False
-            r = self.row(e.source)
-            r.state, r.ranks = "training", d.island
-        elif kind == "healed":
-            self.row(e.source).heals += 1
-        elif kind == "reconnected":
-            self.row(e.source).reconnects += 1
-        elif kind == "applied":
-            self.row(e.source).last = f"{d.fragment}@{d.version}"
-        elif kind == "round_closed":
-            self.participants = [*self.participants[-49:], len(d.participants)]
-            for lid, s in zip(d.participants, d.staleness, strict=False):
-                self.row(lid).staleness = s
-        elif kind == "lost":
-            self.row(d.learner).state = "finished" if d.why == FINISHED else "lost"
-        elif kind == "joined":
-            self.row(d.learner).state = "joined"
-            if self.started is None:  # until a training step is seen (learners logging
-                self.started, self._by_join = e.t, True  # elsewhere: never)
-        elif kind == "chaos" and d.process in self.rows:
-            self.row(d.process).state = {"kill": "killed", "stall": "stalled"}.get(
-                d.action, d.action
-            )
+        match e.data:
+            case ev.Evaluated() as d:
+                self.evals.append((d.tokens, d.eval_loss))
+            case ev.Step() as d:
+                r = self._tokens(e.source, d.incarnation, e.t, d.tokens)
+                r.step, r.state, r.reported = d.step, "training", True
+                self.steps[(e.source, d.incarnation)] = d.step
+                self.steps.pop((e.source, "syncer"), None)  # what the syncer said of it before
+                self.wire.pop((e.source, "syncer"), None)
+                if d.wire_up is not None:
+                    self.wire[(e.source, d.incarnation)] = (d.wire_up, d.wire_down or 0)
+                    r.up, r.down = d.wire_up, d.wire_down or 0
+            case ev.Training() as d:
+                first = self.started is None or self._by_join
+                self.started = e.t if first else min(self.started, e.t)  # type: ignore[type-var]
+                self._by_join = False
+                r = self.row(e.source)
+                r.state, r.ranks = "training", d.island
+            case ev.Healed():
+                self.row(e.source).heals += 1
+            case ev.Reconnected():
+                self.row(e.source).reconnects += 1
+            case ev.Applied() as d:
+                self.row(e.source).last = f"{d.fragment}@{d.version}"
+            case ev.RoundClosed() as d:
+                self.participants = [*self.participants[-49:], len(d.participants)]
+                for lid, s in zip(d.participants, d.staleness, strict=False):
+                    self.row(lid).staleness = s
+            case ev.Lost() as d:
+                self.row(d.learner).state = "finished" if d.why == FINISHED else "lost"
+            case ev.Joined() as d:
+                self.row(d.learner).state = "joined"
+                if self.started is None:  # until a training step is seen (learners logging
+                    self.started, self._by_join = e.t, True  # elsewhere: never)
+            case ev.Chaos() as d if d.process in self.rows:
+                self.row(d.process).state = {"kill": "killed", "stall": "stalled"}.get(
+                    d.action, d.action
+                )
 
     # -- the run's figures --------------------------------------------------------------------
     def total_tokens(self) -> int:

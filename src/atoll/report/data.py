@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from atoll import metrics
+from atoll.core import events as ev
 from atoll.core.events import FINISHED, Event
 from atoll.errors import ConfigError
 from atoll.eventlog import load_events
@@ -129,13 +130,13 @@ def _read_live(d: Path) -> RunData:
 
 def _learners(ids: list[str], events: list[Event]) -> str:
     """How many learners, and the ranks of each island among them (from `training`)."""
-    ranks = {e.source: e.data.island for e in events if e.kind == "training"}
+    ranks = {e.source: e.data.island for e in events if isinstance(e.data, ev.Training)}
     islands = [f"{lid} {ranks[lid]} ranks" for lid in ids if ranks.get(lid, 1) > 1]
     return f"{len(ids)}" + (f" (islands: {', '.join(islands)})" if islands else "")
 
 
 def _evals(events: list[Event]) -> list[Event]:
-    return [e for e in events if e.kind == "evaluated"]
+    return [e for e in events if isinstance(e.data, ev.Evaluated)]
 
 
 def live_curve(events: list[Event], summary: dict[str, Any] | None) -> Curve:
@@ -150,7 +151,8 @@ def live_curve(events: list[Event], summary: dict[str, Any] | None) -> Curve:
     )
     s = summary or {}
     if math.isfinite(s.get("eval_loss", math.nan)):
-        end = max((e.t for e in events if e.kind == "accepted"), default=t0 + s["wall_time_s"])
+        acc = [e.t for e in events if isinstance(e.data, ev.Accepted)]
+        end = max(acc, default=t0 + s["wall_time_s"])
         c.tokens.append(s["tokens"])
         c.time_s.append(end - t0)
         c.loss.append(s["eval_loss"])
@@ -159,8 +161,8 @@ def live_curve(events: list[Event], summary: dict[str, Any] | None) -> Curve:
 
 # -- series from one event stream ---------------------------------------------------------------
 def learner_ids(events: list[Event]) -> list[str]:
-    ids = {e.data.learner for e in events if e.kind in ("joined", "accepted")}
-    ids |= {p for e in events if e.kind == "round_closed" for p in e.data.participants}
+    ids = {e.data.learner for e in events if isinstance(e.data, (ev.Joined, ev.Accepted))}
+    ids |= {p for e in rounds(events) for p in e.data.participants}
     return sorted(ids)
 
 
@@ -183,12 +185,12 @@ def goodput_series(
     latest contribution)) at `points` times, the last at the latest contribution: the run's
     figure."""
     m = learners or learner_count(events, None)
-    acc = [e.t for e in events if e.kind == "accepted"]
+    acc = [e.t for e in events if isinstance(e.data, ev.Accepted)]
     if not acc:
         return [], []
     t0, f = _t0(events), metrics.Figures(m)
     it = iter(sorted(events, key=lambda e: e.t))
-    start = min((e.t for e in events if e.kind == "joined"), default=t0)
+    start = min((e.t for e in events if isinstance(e.data, ev.Joined)), default=t0)
     xs, ys = [], []
     pending = next(it, None)
     for i in range(1, points + 1):
@@ -203,7 +205,7 @@ def goodput_series(
 
 
 def rounds(events: list[Event]) -> list[Event]:
-    return [e for e in events if e.kind == "round_closed"]
+    return [e for e in events if isinstance(e.data, ev.RoundClosed)]
 
 
 def participation(events: list[Event]) -> tuple[list[str], list[list[int]]]:
@@ -230,9 +232,9 @@ def staleness(events: list[Event]) -> tuple[list[float], list[float], list[int]]
     return xs, mean, top
 
 
-# what each marker on the timeline means, by event kind (and chaos action)
-DOWN = ("failed", "crashed", "lost", "chaos")
-UP = ("rejoined", "restarted", "joined", "restored")
+# what each marker on the timeline means, by event class
+DOWN = (ev.Failed, ev.Crashed, ev.Lost, ev.Chaos)
+UP = (ev.Rejoined, ev.Restarted, ev.Joined, ev.Restored)
 
 
 def timeline(events: list[Event]) -> dict[str, list[tuple[str, float]]]:
@@ -243,23 +245,23 @@ def timeline(events: list[Event]) -> dict[str, list[tuple[str, float]]]:
         who = _who(e)
         if who is None:
             continue
-        if e.kind == "lost" and e.data.why == FINISHED:
+        if isinstance(e.data, ev.Lost) and e.data.why == FINISHED:
             continue  # a finish (its final beat came first), not a failure
-        if e.kind in DOWN:
+        if isinstance(e.data, DOWN):
             out["down"].append((who, e.t - t0))
-        elif e.kind in UP:
+        elif isinstance(e.data, UP):
             out["up"].append((who, e.t - t0))
     return out
 
 
 def _who(e: Event) -> str | None:
-    d: Any = e.data
-    if e.kind in ("chaos", "crashed", "restarted"):
-        return d.process
-    if e.kind in ("joined", "lost"):
-        return d.learner
-    if e.kind in ("failed", "rejoined"):
-        return e.source
-    if e.kind == "restored":
-        return "syncer"
+    match e.data:
+        case ev.Chaos() | ev.Crashed() | ev.Restarted():
+            return e.data.process
+        case ev.Joined() | ev.Lost():
+            return e.data.learner
+        case ev.Failed() | ev.Rejoined():
+            return e.source
+        case ev.Restored():
+            return "syncer"
     return None

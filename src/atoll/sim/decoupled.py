@@ -26,9 +26,6 @@ wait for an answer, end its run with the final flush) is its protocol's decision
 
 from __future__ import annotations
 
-import heapq
-import itertools
-
 import torch
 
 from atoll import metrics
@@ -57,6 +54,7 @@ from atoll.core.syncer import SyncerProtocol
 from atoll.model.data import TokenCorpus
 from atoll.model.recipe import load_corpus, new_model
 from atoll.model.train import DataStream, Evaluator, inner_lr, new_inner_optimizer, train_step
+from atoll.sim import queue as q
 from atoll.sim.faults import Faults
 from atoll.sim.learner import Answered, SimLearner, nbytes_of
 from atoll.sim.world import (
@@ -115,8 +113,7 @@ class DecoupledSim:
                 )
             )
         self.by_id = {learner.id: learner for learner in self.learners}
-        self.queue: list = []
-        self._seq = itertools.count()
+        self.queue = q.Queue()
         self.events: list[Event] = []
         self.tokens = 0
         self.budget = cfg.budget_tokens()
@@ -137,15 +134,15 @@ class DecoupledSim:
         return ContributionEncoder(self.cfg.codec, self.cfg.group, self.cfg.error_feedback)
 
     # -- plumbing -----------------------------------------------------------------------------
-    def push(self, t: float, kind: str, *args) -> None:
-        heapq.heappush(self.queue, (t, next(self._seq), kind, args))
+    def push(self, t: float, item: q.Item) -> None:
+        self.queue.push(t, item)
 
     def syncer_outputs(self, now: float, outputs: list) -> None:
         for o in outputs:
             if isinstance(o, Event):
                 self.events.append(o)
             elif isinstance(o, SetTimer):
-                self.push(o.at, "timer", o.key, self.faults.syncer_epoch)
+                self.push(o.at, q.Timer(o.key, self.faults.syncer_epoch))
             elif isinstance(o, Send):
                 learner = self.by_id[o.to]
                 if learner.phase is Phase.DOWN:
@@ -155,7 +152,7 @@ class DecoupledSim:
                     self.heal_bytes += nbytes
                 at = learner.down.transfer(now, nbytes)
                 epoch = self.faults.syncer_epoch
-                self.push(at, "down", learner.id, learner.incarnation, o.message, epoch)
+                self.push(at, q.Down(learner.id, learner.incarnation, o.message, epoch))
 
     def _learner_outputs(self, now: float, learner: SimLearner, outputs: list) -> None:
         """A learner protocol's outputs: events into the stream, sends up its link."""
@@ -169,7 +166,7 @@ class DecoupledSim:
         dt = learner.clock.draw()
         stalls = learner.stalls
         learner.step_at, learner.step_dt = stalls.advance(now, dt) if stalls else now + dt, dt
-        self.push(learner.step_at, "step", learner.id, learner.incarnation, dt)
+        self.push(learner.step_at, q.StepDone(learner.id, learner.incarnation, dt))
 
     def _boundary(self, now: float, learner: SimLearner, b: Boundary | None = None) -> None:
         """Between two steps: the protocol says (`b`, or now) step again, wait, or stop."""
@@ -184,7 +181,7 @@ class DecoupledSim:
     def _send_up(self, now: float, learner: SimLearner, o: object) -> None:
         if isinstance(o, Progress | HealRequest):
             at = learner.up.transfer(now, CONTROL_BYTES)
-            self.push(at, "up", learner.id, learner.incarnation, o)
+            self.push(at, q.Up(learner.id, learner.incarnation, o))
             return
         assert isinstance(o, Outgoing) and learner.encoder is not None
         c = learner.encoder.encode(o)
@@ -194,7 +191,7 @@ class DecoupledSim:
         sent = Sent(c.fragment, c.seq, c.base_version, len(c.payload), c.steps, c.tokens)
         at = learner.up.transfer(now, len(c.payload))
         self.events += [Event(now, learner.id, sent), learner.report(now)]
-        self.push(at, "up", learner.id, learner.incarnation, c)
+        self.push(at, q.Up(learner.id, learner.incarnation, c))
 
     # -- event handlers -----------------------------------------------------------------------
     def _on_step(self, now: float, learner: SimLearner, dt: float) -> None:
@@ -248,7 +245,7 @@ class DecoupledSim:
             if isinstance(o, PushAnswer) and not o.accepted:  # the reply reaches the learner
                 at = learner.down.transfer(now, CONTROL_BYTES)
                 msg, epoch = Answered(c.fragment, o), self.faults.syncer_epoch
-                self.push(at, "down", learner.id, learner.incarnation, msg, epoch)
+                self.push(at, q.Down(learner.id, learner.incarnation, msg, epoch))
 
     def receive(self, now: float, learner: SimLearner, msg: object, epoch: int) -> None:
         proto = learner.proto
@@ -298,7 +295,7 @@ class DecoupledSim:
         if nxt is not None:
             fail_at, back_at = nxt
             fail_at = max(fail_at, now)
-            self.push(fail_at, "fail", learner.id, learner.incarnation, back_at - nxt[0])
+            self.push(fail_at, q.Fail(learner.id, learner.incarnation, back_at - nxt[0]))
 
     def _died(self, now: float, learner: SimLearner) -> None:
         """Its process is gone: whatever it had under way is void, its links start over."""
@@ -319,7 +316,7 @@ class DecoupledSim:
         self.events.append(Event(now, learner.id, Failed(lost)))
         if not self.faults.syncer_down:
             self.syncer_outputs(now, self.syncer.on_lost(now, learner.id))
-        self.push(now + downtime, "recover", learner.id, learner.incarnation)
+        self.push(now + downtime, q.Recover(learner.id, learner.incarnation))
 
     def leave(self, now: float, learner: SimLearner) -> None:
         """Removed for good (chaos `remove`): unsent work is lost, the syncer drops it."""
@@ -353,36 +350,38 @@ class DecoupledSim:
                 self.syncer_outputs(0.0, self.syncer.on_join(0.0, learner.id, digests=held))
         self.faults.schedule()
         while self.queue:
-            now, _, kind, args = heapq.heappop(self.queue)
-            if kind == "timer":
-                if isinstance(args[0], PullTick) and all(x.finished for x in self.learners):
-                    continue  # the run is over: let the syncer's pull clock stop
-                if args[1] == self.faults.syncer_epoch and not self.faults.syncer_down:
-                    self.syncer_outputs(now, self.syncer.on_timer(now, args[0]))
-                continue
-            if kind in ("fault", "syncer_up"):
-                self.faults.on_event(now, kind, args)
-                continue
-            learner = self.by_id[args[0]]
-            if kind == "recover":
-                if args[1] == learner.incarnation:
-                    self.recover(now, learner)
-                continue
-            if args[1] != learner.incarnation:
-                continue  # addressed to (or sent by) a process that has since died
-            if kind in ("up", "down") and learner.net:
-                if self.faults.deferred(now, learner, kind, args):
-                    continue  # its link is cut: it arrives when the link is back
-            if kind == "step":
-                if now == learner.step_at:  # else a stall moved this step's end
-                    self._on_step(now, learner, args[2])
-            elif kind == "up":
-                self.on_up(now, learner, args[2])
-            elif kind == "down":
-                self.receive(now, learner, args[2], args[3])
-            elif kind == "fail":
-                self.fail(now, learner, args[2])
+            now, item = self.queue.pop()
+            match item:
+                case q.Timer(key, epoch):
+                    if isinstance(key, PullTick) and all(x.finished for x in self.learners):
+                        continue  # the run is over: let the syncer's pull clock stop
+                    if epoch == self.faults.syncer_epoch and not self.faults.syncer_down:
+                        self.syncer_outputs(now, self.syncer.on_timer(now, key))
+                case q.FaultDue() | q.SyncerUp():
+                    self.faults.on_item(now, item)
+                case _:
+                    self._to_learner(now, item)
         return self._result()
+
+    def _to_learner(self, now: float, item: q.ToLearner) -> None:
+        learner = self.by_id[item.learner]
+        if item.incarnation != learner.incarnation:
+            return  # addressed to (or sent by) a process that has since died
+        if isinstance(item, q.Up | q.Down) and learner.net:
+            if self.faults.deferred(now, learner, item):
+                return  # its link is cut: it arrives when the link is back
+        match item:
+            case q.Recover():
+                self.recover(now, learner)
+            case q.StepDone(dt=dt):
+                if now == learner.step_at:  # else a stall moved this step's end
+                    self._on_step(now, learner, dt)
+            case q.Up(message=m):
+                self.on_up(now, learner, m)
+            case q.Down(message=m, epoch=epoch):
+                self.receive(now, learner, m, epoch)
+            case q.Fail(downtime=downtime):
+                self.fail(now, learner, downtime)
 
     def _result(self) -> RunResult:
         cfg = self.cfg

@@ -44,6 +44,7 @@ from atoll.core.events import Chaos, Event, Restored
 from atoll.core.learner import Phase
 from atoll.core.messages import Contribution, Progress
 from atoll.core.syncer import SyncerProtocol
+from atoll.sim import queue as q
 from atoll.sim.world import Windows, horizon_s, run_end, scenario_of
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class SimWorld(Protocol):
     syncer: SyncerProtocol
     stopping: bool
 
-    def push(self, t: float, kind: str, *args: Any) -> None: ...
+    def push(self, t: float, item: q.Item) -> None: ...
     def syncer_outputs(self, now: float, outputs: list) -> None: ...
     def on_up(self, now: float, learner: SimLearner, c: Contribution | Progress) -> None: ...
     def fail(self, now: float, learner: SimLearner, downtime: float) -> None: ...
@@ -93,7 +94,7 @@ class Faults:
 
     def schedule(self) -> None:
         for i, f in enumerate(self.timeline):
-            self.world.push(f.at, "fault", i)
+            self.world.push(f.at, q.FaultDue(i))
 
     def summary(self) -> dict[str, Any]:
         kinds: dict[str, int] = {}
@@ -112,11 +113,11 @@ class Faults:
         if isinstance(c, Contribution):
             self._held.append((learner.id, learner.incarnation, c))
 
-    def deferred(self, now: float, learner: SimLearner, kind: str, args: tuple) -> bool:
+    def deferred(self, now: float, learner: SimLearner, item: q.Up | q.Down) -> bool:
         """A message due while its link is cut arrives when the link is back."""
-        at = (learner.up if kind == "up" else learner.down).open_at(now)
+        at = (learner.up if isinstance(item, q.Up) else learner.down).open_at(now)
         if at > now:
-            self.world.push(at, kind, *args)
+            self.world.push(at, item)
             return True
         return False
 
@@ -126,11 +127,11 @@ class Faults:
             learner.stalls.end_early(now, "stall")
             learner.net.end_early(now, "stall")
 
-    def on_event(self, now: float, kind: str, args: tuple) -> None:
-        if kind == "syncer_up":
+    def on_item(self, now: float, item: q.FaultDue | q.SyncerUp) -> None:
+        if isinstance(item, q.SyncerUp):
             self._restart_syncer(now)
             return
-        f = self.timeline[args[0]]
+        f = self.timeline[item.index]
         if self.world.stopping or not self._reaches(f):
             self.skipped += 1
             return
@@ -176,14 +177,14 @@ class Faults:
         if learner.phase is Phase.RUNNING and learner.step_at > now:  # its step ends later
             learner.step_at = learner.stalls.advance(now, learner.step_at - now)
             self.world.push(
-                learner.step_at, "step", learner.id, learner.incarnation, learner.step_dt
+                learner.step_at, q.StepDone(learner.id, learner.incarnation, learner.step_dt)
             )
 
     def _kill_syncer(self, now: float, duration: float) -> None:
         self._state = self.world.syncer.state_dict()  # what its snapshot and tape hold
         self.syncer_down = True
         self.syncer_epoch += 1
-        self.world.push(now + duration, "syncer_up")
+        self.world.push(now + duration, q.SyncerUp())
 
     def _restart_syncer(self, now: float) -> None:
         world = self.world
