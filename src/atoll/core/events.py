@@ -31,46 +31,13 @@ Launcher: run_started, run_ended, timeout, started, restarted, crashed, chaos
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
-KINDS: dict[str, type[Record]] = {}
-
-
-class Record:
-    """The data of one event kind. Fields read as attributes, or as `record["field"]`."""
-
-    KIND: ClassVar[str] = ""
-
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields, less those at a default of None (a None without a default is written:
-        `Event.from_dict` needs every field that has no default)."""
-        out = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            v = getattr(self, f.name)
-            if v is not None or f.default is dataclasses.MISSING:
-                out[f.name] = list(v) if isinstance(v, tuple) else v
-        return out
-
-
-def _kind(name: str):
-    def wrap(cls: type) -> type:
-        cls = dataclass(frozen=True)(cls)
-        cls.KIND = name
-        if name in KINDS:
-            raise ValueError(f"event kind {name!r} defined twice")
-        KINDS[name] = cls
-        return cls
-
-    return wrap
+from atoll.core.records import KINDS as KINDS  # the closed set, filled by the kinds below
+from atoll.core.records import Event as Event
+from atoll.core.records import Record, kind
 
 
 # -- protocol -------------------------------------------------------------------------------
-@_kind("joined")
+@kind("joined")
 class Joined(Record):
     learner: str
     incarnation: str | None = None
@@ -80,7 +47,7 @@ class Joined(Record):
 FINISHED = "finished"  # a Lost's `why` when the learner said its last beat first: a finish
 
 
-@_kind("lost")
+@kind("lost")
 class Lost(Record):
     """A learner's session ended: lost (`why`: how), or finished (`why` FINISHED: its final
     beat came before its stream ended)."""
@@ -89,7 +56,7 @@ class Lost(Record):
     why: str | None = None
 
 
-@_kind("run_over")
+@kind("run_over")
 class RunOver(Record):
     """The token budget is spent and the run is over (core/budget.py, `RunEnd`): every learner
     left after its final flush ("flushed"), or the window after the budget passed ("window",
@@ -100,7 +67,7 @@ class RunOver(Record):
     left: list[str] | None = None
 
 
-@_kind("accepted")
+@kind("accepted")
 class Accepted(Record):
     learner: str
     fragment: int
@@ -109,7 +76,7 @@ class Accepted(Record):
     work_s: float
 
 
-@_kind("refused")
+@kind("refused")
 class Refused(Record):
     learner: str
     fragment: int
@@ -117,7 +84,7 @@ class Refused(Record):
     code: str | None = None
 
 
-@_kind("round_closed")
+@kind("round_closed")
 class RoundClosed(Record):
     fragment: int
     version: int
@@ -131,28 +98,28 @@ class RoundClosed(Record):
     scale: float = 1.0  # how far the merged delta moved Theta (core/merge.py, light rounds)
 
 
-@_kind("merge_refused")
+@kind("merge_refused")
 class MergeRefused(Record):
     fragment: int
     participants: list
     reason: str
 
 
-@_kind("link_bottleneck")
+@kind("link_bottleneck")
 class LinkBottleneck(Record):
     learner: str
     upload_s: float
     overlap_s: float
 
 
-@_kind("healed")
+@kind("healed")
 class Healed(Record):
     versions: list | None = None
     incarnation: str | None = None
     since_start_s: float | None = None
 
 
-@_kind("applied")
+@kind("applied")
 class Applied(Record):
     fragment: int
     version: int
@@ -160,7 +127,7 @@ class Applied(Record):
 
 
 # -- drivers: learners -------------------------------------------------------------------------
-@_kind("sent")
+@kind("sent")
 class Sent(Record):
     fragment: int
     seq: int
@@ -170,29 +137,29 @@ class Sent(Record):
     tokens: int
 
 
-@_kind("blocked")
+@kind("blocked")
 class Blocked(Record):
     wait_s: float
 
 
-@_kind("failed")
+@kind("failed")
 class Failed(Record):
     lost_steps_s: float
 
 
-@_kind("rejoined")
+@kind("rejoined")
 class Rejoined(Record):
     downtime_s: float
 
 
-@_kind("training")
+@kind("training")
 class Training(Record):
     incarnation: str
     since_start_s: float
     island: int = 1  # ranks training as this learner (an island of N processes)
 
 
-@_kind("step")
+@kind("step")
 class Step(Record):
     incarnation: str
     step: int
@@ -205,56 +172,56 @@ class Step(Record):
 
 
 # -- live learner's communication side --------------------------------------------------------
-@_kind("heal_needed")
+@kind("heal_needed")
 class HealNeeded(Record):
     reason: str
 
 
-@_kind("comm_fatal")
+@kind("comm_fatal")
 class CommFatal(Record):
     reason: str
 
 
-@_kind("final_beat_lost")
+@kind("final_beat_lost")
 class FinalBeatLost(Record):
     tokens: int
 
 
-@_kind("refused_by_syncer")
+@kind("refused_by_syncer")
 class RefusedBySyncer(Record):
     reason: str
 
 
-@_kind("push_refused")
+@kind("push_refused")
 class PushRefused(Record):
     fragment: int
     reason: str
 
 
-@_kind("push_failed")
+@kind("push_failed")
 class PushFailed(Record):
     fragment: int
     error: str
 
 
-@_kind("transfer_failed")
+@kind("transfer_failed")
 class TransferFailed(Record):
     error: str
 
 
-@_kind("disconnected")
+@kind("disconnected")
 class Disconnected(Record):
     retry_in_s: float
 
 
-@_kind("reconnected")
+@kind("reconnected")
 class Reconnected(Record):
     heal: bool
     epoch: str
 
 
 # -- live syncer ---------------------------------------------------------------------------
-@_kind("syncer_started")
+@kind("syncer_started")
 class SyncerStarted(Record):
     port: int
     epoch: str
@@ -264,12 +231,12 @@ class SyncerStarted(Record):
     fd_limit_hard: int | None = None
 
 
-@_kind("syncer_stopped")
+@kind("syncer_stopped")
 class SyncerStopped(Record):
     rounds: int
 
 
-@_kind("restored")
+@kind("restored")
 class Restored(Record):
     snapshot_records: int
     replayed: int
@@ -278,7 +245,7 @@ class Restored(Record):
     lost_committed_rounds: int
 
 
-@_kind("evaluated")
+@kind("evaluated")
 class Evaluated(Record):
     """The global model's held-out loss, taken by the syncer while the run goes."""
 
@@ -288,127 +255,100 @@ class Evaluated(Record):
     eval_s: float  # how long the evaluation took
 
 
-@_kind("snapshot")
+@kind("snapshot")
 class Snapshot(Record):
     tape_next: int
     rounds: int
 
 
-@_kind("seen_check")
+@kind("seen_check")
 class SeenCheck(Record):
     learner: str
     lost_committed_rounds: int
     implausible: str | None = None
 
 
-@_kind("transfer_broken")
+@kind("transfer_broken")
 class TransferBroken(Record):
     learner: str
     fragment: int
     error: str
 
 
-@_kind("auth_refused")
+@kind("auth_refused")
 class AuthRefused(Record):
     method: str
     reason: str
     count: int | None = None
 
 
-@_kind("limit_reached")
+@kind("limit_reached")
 class LimitReached(Record):
     what: str
     limit: int
     learner: str | None = None
 
 
-@_kind("restore_failed")
+@kind("restore_failed")
 class RestoreFailed(Record):
     error: str
     run_dir: str
 
 
-@_kind("snapshot_failed")
+@kind("snapshot_failed")
 class SnapshotFailed(Record):
     error: str
 
 
-@_kind("disk_failed")
+@kind("disk_failed")
 class DiskFailed(Record):
     error: str
     path: str
 
 
-@_kind("thread_died")
+@kind("thread_died")
 class ThreadDied(Record):
     thread: str
     error: str
 
 
 # -- launcher -----------------------------------------------------------------------------
-@_kind("run_started")
+@kind("run_started")
 class RunStarted(Record):
     run_id: str
     address: str
 
 
-@_kind("run_ended")
+@kind("run_ended")
 class RunEnded(Record):
     interrupted: bool
 
 
-@_kind("timeout")
+@kind("timeout")
 class Timeout(Record):
     max_wall_s: float
 
 
-@_kind("started")
+@kind("started")
 class Started(Record):
     process: str
     pid: int
 
 
-@_kind("restarted")
+@kind("restarted")
 class Restarted(Record):
     process: str
     pid: int
 
 
-@_kind("crashed")
+@kind("crashed")
 class Crashed(Record):
     process: str
     rc: int
 
 
-@_kind("chaos")
+@kind("chaos")
 class Chaos(Record):
     action: str
     process: str
     duration_s: float
-
-
-@dataclass(frozen=True)
-class Event:
-    t: float
-    source: str
-    data: Record
-
-    @property
-    def kind(self) -> str:
-        return self.data.KIND
-
-    @staticmethod
-    def make(t: float, kind: str, source: str, **fields: Any) -> Event:
-        """An event of a named kind; unknown kinds and fields are refused (TypeError/KeyError
-        naming them)."""
-        cls = KINDS.get(kind)
-        if cls is None:
-            raise KeyError(f"event kind {kind!r} is not one of atoll.core.events.KINDS")
-        return Event(t, source, cls(**fields))
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> Event:
-        return Event.make(d["t"], d["kind"], d["source"], **d.get("data", {}))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "kind": self.kind, "source": self.source, "data": self.data.to_dict()}

@@ -182,7 +182,26 @@ class FragmentStore(Protocol):
         ...
 
 
-class FlatFragments:
+class TensorFragments:
+    """The per-tensor store: fragment p read as a copy of its tensors, flattened, and written
+    back tensor by tensor (`FragmentPlan`'s path; `FlatFragments` falls back to it)."""
+
+    def __init__(self, plan: FragmentPlan, params: Mapping[str, torch.Tensor]) -> None:
+        self.plan = plan
+        self.params = params
+
+    def flatten(self, p: int, copy: bool = True) -> torch.Tensor:
+        return self.plan.flatten(self.params, p)
+
+    def assign(self, p: int, flat: torch.Tensor) -> None:
+        self.plan.assign(self.params, p, flat)
+
+    def device(self, p: int) -> torch.device:
+        """Fragment p's parameters' device: where its values are kept."""
+        return self.params[self.plan.fragments[p].names[0]].device
+
+
+class FlatFragments(TensorFragments):
     """Each fragment's parameters laid out in one contiguous float32 buffer, in plan order, so
     that taking fragment p (`flatten`) or writing it back (`assign`) is one tensor op instead
     of one per tensor (the learner does both at step boundaries, in the training thread).
@@ -196,8 +215,7 @@ class FlatFragments:
     `FragmentPlan`."""
 
     def __init__(self, plan: FragmentPlan, params: Mapping[str, torch.Tensor]) -> None:
-        self.plan = plan
-        self.params = params
+        super().__init__(plan, params)
         self.flat: list[torch.Tensor | None] = []
         self._ptrs: list[list[int]] = []
         with torch.no_grad():
@@ -229,10 +247,6 @@ class FlatFragments:
             return None
         return buf
 
-    def device(self, p: int) -> torch.device:
-        """Fragment p's parameters' device: where its values are kept."""
-        return self.params[self.plan.fragments[p].names[0]].device
-
     def holds(self, p: int) -> bool:
         """Whether fragment p's parameters live in its buffer (`flatten(p, copy=False)` is
         then the buffer itself)."""
@@ -243,13 +257,13 @@ class FlatFragments:
         itself when the parameters live there (read it before they change)."""
         buf = self._buffer(p)
         if buf is None:
-            return self.plan.flatten(self.params, p)
+            return super().flatten(p)
         return buf.clone() if copy else buf
 
     def assign(self, p: int, flat: torch.Tensor) -> None:
         buf = self._buffer(p)
         if buf is None:
-            self.plan.assign(self.params, p, flat)
+            super().assign(p, flat)
         else:
             buf.copy_(flat)
 

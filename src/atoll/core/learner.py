@@ -38,7 +38,7 @@ from atoll.core import codec, learner_state
 from atoll.core.budget import BudgetShare
 from atoll.core.counters import FragmentCounters
 from atoll.core.events import Applied, Blocked, Event, Healed, HealNeeded, PushRefused
-from atoll.core.fragments import FragmentPlan, FragmentStore
+from atoll.core.fragments import FragmentPlan, FragmentStore, TensorFragments
 from atoll.core.grace import EMA
 from atoll.core.learner_types import (
     Boundary,
@@ -52,6 +52,7 @@ from atoll.core.messages import (
     Action,
     FragmentUpdate,
     Heal,
+    LearnerOutput,
     Outgoing,
     Progress,
     Pull,
@@ -81,7 +82,7 @@ class LearnerProtocol:
         self.id = learner_id
         self.plan = plan
         self.params = params
-        self.flat = flat
+        self.flat: FragmentStore = flat if flat is not None else TensorFragments(plan, params)
         self.cfg = config or LearnerConfig()
         self.cfg.validate(plan.H)
         self.step = 0
@@ -117,23 +118,13 @@ class LearnerProtocol:
     def _flatten(self, p: int, copy: bool = True) -> torch.Tensor:
         """Fragment p of the parameters, flat, on their device; `copy=False` may return the
         live buffer."""
-        flat = self.flat
-        return flat.flatten(p, copy) if flat is not None else self.plan.flatten(self.params, p)
+        return self.flat.flatten(p, copy)
 
     def _on_device(self, p: int, value: torch.Tensor) -> torch.Tensor:
         """`value` where fragment p's values are kept (itself when it is there): the store's
-        device (an island keeps a sharded fragment's in host memory), else its parameters'."""
-        if self.flat is not None:
-            device = self.flat.device(p)
-        else:
-            device = self.params[self.plan.fragments[p].names[0]].device
+        device (an island keeps a sharded fragment's in host memory)."""
+        device = self.flat.device(p)
         return value if value.device == device else value.to(device)
-
-    def _assign(self, p: int, value: torch.Tensor) -> None:
-        if self.flat is not None:
-            self.flat.assign(p, value)
-        else:
-            self.plan.assign(self.params, p, value)
 
     # -- inputs -----------------------------------------------------------------------------
     def on_heal(self, now: float, heal: Heal) -> list[Event]:
@@ -163,11 +154,11 @@ class LearnerProtocol:
             if self.healed:
                 raise ValueError("heal is missing fragments")
             for p in covered:
-                self._assign(p, self.base[p])
+                self.flat.assign(p, self.base[p])
             return []  # other shards' heals are still to come
         events = self._end_wait(now)
         for p in covered:
-            self._assign(p, self.base[p])
+            self.flat.assign(p, self.base[p])
             self.counters.reset(p)
             self.outstanding.pop(p, None)
             self.pulled.discard(p)
@@ -204,9 +195,11 @@ class LearnerProtocol:
             self.pulled.add(pull.fragment)
         return self.take_pulled(now) if self.phase is Phase.WAITING else []
 
-    def on_refused(self, now: float, fragment: int, reason: str, action: str) -> list:
+    def on_refused(
+        self, now: float, fragment: int, reason: str, action: str
+    ) -> list[LearnerOutput]:
         """The syncer refused a contribution: an event, and a heal when that is its answer."""
-        out: list = [Event(now, self.id, PushRefused(fragment, reason))]
+        out: list[LearnerOutput] = [Event(now, self.id, PushRefused(fragment, reason))]
         if action == Action.HEAL:
             out.append(Send("syncer", HealRequest(reason, fragment)))
         return out
@@ -310,34 +303,19 @@ class LearnerProtocol:
                 delta = buf.copy_(self.base[p] - theta)
             work, self.unsent[p] = self.unsent[p], 0.0
             self.seq += 1
-            self.outstanding[p] = Outstanding(
-                seq=self.seq,
-                step=self.step,
-                at_send=theta if carry else None,
-                steps=self.counters.steps_of(p),
-                tokens=self.counters.tokens_of(p),
-            )
-            out.append(
-                Send(
-                    "syncer",
-                    Outgoing(
-                        learner=self.id,
-                        fragment=p,
-                        seq=self.seq,
-                        base_version=self.base_version[p],
-                        steps=self.counters.steps_of(p),
-                        tokens=self.counters.tokens_of(p),
-                        sent_at=now,
-                        step_time=self.step_time.value or 0.0,
-                        work_s=work,
-                        generation=self.generation,
-                        delta=delta,
-                    ),
-                )
-            )
+            steps, tokens = self.counters.steps_of(p), self.counters.tokens_of(p)
+            kept = theta if carry else None
+            self.outstanding[p] = Outstanding(self.seq, self.step, kept, steps, tokens)
+            o = Outgoing(learner=self.id, fragment=p, seq=self.seq,
+                         base_version=self.base_version[p], steps=steps, tokens=tokens,
+                         sent_at=now, step_time=self.step_time.value or 0.0, work_s=work,
+                         generation=self.generation, delta=delta)  # fmt: skip
+            out.append(Send("syncer", o))
         return out
 
-    def on_update(self, now: float, u: FragmentUpdate, value: torch.Tensor | None = None) -> list:
+    def on_update(
+        self, now: float, u: FragmentUpdate, value: torch.Tensor | None = None
+    ) -> list[LearnerOutput]:
         """A broadcast update arrived. `value`, when given, is `u.payload` already decoded (a
         flat float32 tensor, e.g. decoded by a driver's communication thread); it is then used
         as is (not copied, not changed) instead of decoding the payload here: a full value is
@@ -387,11 +365,11 @@ class LearnerProtocol:
             if not r.answered or self.step < r.step + self.cfg.tau:
                 continue
             if self.cfg.receipt == "overwrite":  # the local value is not needed: copy it in
-                self._assign(p, self.latest[p])
+                self.flat.assign(p, self.latest[p])
             else:
                 local = self._flatten(p)
                 new = receive(self.cfg.receipt, local, self.latest[p], r.at_send, self.cfg.alpha)
-                self._assign(p, new)
+                self.flat.assign(p, new)
             self.base[p] = self.latest[p]  # shared until a newer value arrives
             self.base_version[p] = self.latest_version[p]
             if self.cfg.receipt == "carry":

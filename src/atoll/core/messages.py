@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from atoll.compat import StrEnum
-from atoll.core.events import Refused
+from atoll.core.events import Event, Refused
 
 
 @dataclass(frozen=True)
@@ -260,3 +260,8 @@ class SetTimer:
 
     at: float
     key: TimerKey
+
+
+# what the protocols' inputs return (core/syncer.py, core/learner.py): a driver acts on each
+SyncerOutput = Send | SetTimer | Commit | PushAnswer | Event
+LearnerOutput = Send | Event

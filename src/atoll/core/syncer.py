@@ -42,10 +42,11 @@ from typing import Any
 
 import torch
 
-from atoll.core import codec, fused, intake
+from atoll.core import fused, intake
 from atoll.core.admission import HealCache, SeenVersions, can_resume
 from atoll.core.budget import RunEnd, TokenBudget
 from atoll.core.checks import Pending, check_contribution, decode_checked
+from atoll.core.closing import RoundClosing
 from atoll.core.counters import token_weight
 from atoll.core.delivery import Delivery
 from atoll.core.events import (
@@ -54,8 +55,6 @@ from atoll.core.events import (
     Joined,
     LinkBottleneck,
     Lost,
-    MergeRefused,
-    RoundClosed,
 )
 from atoll.core.fragments import FragmentPlan
 from atoll.core.grace import GracePolicy
@@ -63,7 +62,6 @@ from atoll.core.guard import MagnitudeGuard
 from atoll.core.merge import RoundWeight
 from atoll.core.messages import (
     CloseRound,
-    Commit,
     Contribution,
     FragmentUpdate,
     Heal,
@@ -78,19 +76,19 @@ from atoll.core.messages import (
     RunDeadline,
     Send,
     SetTimer,
+    SyncerOutput,
     TimerKey,
-    UpdateKind,
 )
 from atoll.core.outer import OuterOptimizer
 from atoll.core.pacing import PullRounds
-from atoll.core.round_values import close_values, kernels_for
+from atoll.core.round_values import kernels_for
 from atoll.core.state import Averages, GlobalState, StateView
 from atoll.core.syncer_config import SyncerConfig
 
 PROGRESS_STEPS_MAX = 32  # step reports taken from one Progress message that covers many steps
 
 
-class SyncerProtocol(StateView):
+class SyncerProtocol(RoundClosing, StateView):
     def __init__(
         self,
         plan: FragmentPlan,
@@ -181,12 +179,12 @@ class SyncerProtocol(StateView):
         incarnation: str | None = None,
         listening: bool = True,
         digests: Mapping[str, bytes] | None = None,
-    ) -> list:
+    ) -> list[SyncerOutput]:
         """Admit `learner`: it heals (every fragment in full, but those whose parameters'
         `digests` show it holds them already), or, asking to `resume` with base versions
         still held, keeps its progress and gets the fragments it lacks.
         `listening=False`: its pull channel opens later (`on_listening`)."""
-        out: list = [] if resume is None else self.seen.check(now, learner, resume)
+        out: list[SyncerOutput] = [] if resume is None else self.seen.check(now, learner, resume)
         heal = not can_resume(resume, self.history, self.served)
         self.live.add(learner)
         self.pulled.rejoined(learner)
@@ -202,7 +200,7 @@ class SyncerProtocol(StateView):
         joined = Joined(learner) if incarnation is None else Joined(learner, incarnation, heal)
         return [Send(learner, msg), *out, Event(now, "syncer", joined)]
 
-    def on_listening(self, now: float, learner: str, listening: bool) -> list:
+    def on_listening(self, now: float, learner: str, listening: bool) -> list[SyncerOutput]:
         if listening and learner in self.live:
             self.listening.add(learner)
         else:
@@ -210,18 +208,18 @@ class SyncerProtocol(StateView):
             self.pulled.forget(learner)
         return []
 
-    def on_lost(self, now: float, learner: str, why: str | None = None) -> list:
+    def on_lost(self, now: float, learner: str, why: str | None = None) -> list[SyncerOutput]:
         self.live.discard(learner)
         self.listening.discard(learner)
         self.pulled.forget(learner)
         self.end.session_ended()
-        out: list = [Event(now, "syncer", Lost(learner, why))]
+        out: list[SyncerOutput] = [Event(now, "syncer", Lost(learner, why))]
         for p in self.served:
             out += self._maybe_close(now, p)
         return out + self.end.check(now, self.live)
 
     # -- the end of a run with a token budget (core/budget.py) --------------------------------
-    def on_tokens(self, now: float, total: int) -> list:
+    def on_tokens(self, now: float, total: int) -> list[SyncerOutput]:
         """The run has counted `total` tokens: when that spends the budget, the window after it
         starts (a `RunDeadline` timer), and the run is over at once if no learner is left."""
         window = self.pulled.window(self.grace, self.listening)
@@ -244,7 +242,7 @@ class SyncerProtocol(StateView):
         unpacked = intake.unpack(c.payload, self.plan.fragments[p].numel, kernels_for(self, p))
         return dataclasses.replace(c, unpacked=unpacked)
 
-    def on_contribution(self, now: float, c: Contribution) -> list:
+    def on_contribution(self, now: float, c: Contribution) -> list[SyncerOutput]:
         p = c.fragment
         bad = check_contribution(
             c, self.plan, self.live, self.history.held(p), self.state.version_of(p), self.cfg.codec
@@ -270,7 +268,7 @@ class SyncerProtocol(StateView):
             got.theta, weight, c, self.version[p] - c.base_version, len(c.payload), now
         )
         accepted = Accepted(c.learner, p, c.seq, len(c.payload), c.work_s)
-        out: list = [Event(now, "syncer", accepted), PushAnswer(True)]
+        out: list[SyncerOutput] = [Event(now, "syncer", accepted), PushAnswer(True)]
         slow = self.pulled.upload(c.learner, max(now - c.sent_at, 0.0), self.grace)
         if slow is not None:
             out.append(Event(now, "syncer", LinkBottleneck(c.learner, *slow)))
@@ -283,7 +281,7 @@ class SyncerProtocol(StateView):
         why = f"fragment {p} is not served by this shard (it serves {self.served[:8]}...)"
         return Rejection(Refusal.HEADER, why)
 
-    def on_progress(self, now: float, msg: Progress) -> list:
+    def on_progress(self, now: float, msg: Progress) -> list[SyncerOutput]:
         """A learner's step report (`msg.step` steps since it joined, `msg.work_s` their
         seconds): measures the step time (once per step it covers, at most
         PROGRESS_STEPS_MAX); starts the pull clock. With the pull schedule only from learners
@@ -303,8 +301,8 @@ class SyncerProtocol(StateView):
             return [SetTimer(now, PullTick(0))]
         return []
 
-    def _pull(self, now: float, tick: int) -> list:
-        out: list = []
+    def _pull(self, now: float, tick: int) -> list[SyncerOutput]:
+        out: list[SyncerOutput] = []
         for f in self.plan.fragments:
             if f.offset == tick % self.plan.H and f.index in self.owned:
                 out += [Send(lid, Pull(f.index, tick, now)) for lid in sorted(self.listening)]
@@ -314,7 +312,7 @@ class SyncerProtocol(StateView):
         self.tick = tick + 1
         return out + [SetTimer(now + (self.grace.step.value or 1.0), PullTick(tick + 1))]
 
-    def on_timer(self, now: float, key: TimerKey) -> list:
+    def on_timer(self, now: float, key: TimerKey) -> list[SyncerOutput]:
         match key:
             case PullTick(tick):
                 return self._pull(now, tick)
@@ -325,95 +323,3 @@ class SyncerProtocol(StateView):
                     return []  # nothing answered in time: the first answer closes the round
                 return self._maybe_close(now, p) if self._answer_window else self._close(now, p)
         return []
-
-    def close_all(self, now: float) -> list:
-        """The end of a run (nothing more will arrive): close every open round now."""
-        out: list = []
-        for p in self.served:
-            if self.pending[p]:
-                out += self._close(now, p)
-        return out
-
-    def _maybe_close(self, now: float, p: int) -> list:
-        pend = self.pending[p]
-        if not pend or len(pend) < min(self.cfg.quorum, max(len(self.live), 1)):
-            return []
-        if self.quorum_at[p] is None:
-            self.quorum_at[p] = now
-            first = min(x.c.sent_at for x in pend.values())
-            self.grace.observe(self.grace.to_quorum, now - first)
-        if self._answer_window and self.pulled.waiting(p):  # a pull's answers (pacing.py)
-            if self.listening <= set(pend) or self.pulled.due(p, now):
-                return self._close(now, p)
-            return []  # the deadline's timer is set
-        # every learner that could have sent has: with the pull schedule those that can hear
-        # pulls (a session that never listens, or cannot now, is not waited for)
-        everyone = (self.listening if self.cfg.schedule == "pull" else self.live) <= set(pend)
-        window = self.grace.window()
-        if everyone or window <= 0 or now >= self.quorum_at[p] + window:
-            return self._close(now, p)
-        return [SetTimer(self.quorum_at[p] + window, CloseRound(p, self.round_id[p]))]
-
-    def _close(self, now: float, p: int) -> list:
-        pend = self.pending[p]
-        ids = sorted(pend)
-        weights = [pend[i].weight for i in ids]
-        total = sum(weights)
-        v = self.version[p] + 1
-        included = tuple((i, pend[i].c.seq) for i in ids)
-        try:  # merge, outer step, broadcast encode (round_values.py: reference or fused)
-            got = close_values(self, p, [pend[i].theta for i in ids], weights, included, now)
-        except codec.CodecError as exc:  # never committed: the round is dropped
-            return self._drop(now, p, ids, str(exc))
-        update, scale = got.update, got.scale
-        frame = update.payload if update.kind == UpdateKind.DELTA else None
-        old = (self.state.theta[p], self.state.public[p], self.state.outer_state[p].buf)
-        self.state.commit(p, got.theta, got.public, got.outer_state, frame)
-        fused.give(*old)  # (the next closes' buffers, once nothing holds them)
-        self.round_weight.committed(p, total)
-        quorum_wait = (self.quorum_at[p] or now) - min(x.c.sent_at for x in pend.values())
-        event = RoundClosed(
-            fragment=p,
-            version=v,
-            participants=ids,
-            weights=[round(w, 3) for w in weights],
-            scale=round(scale, 4),
-            staleness=[pend[i].staleness for i in ids],
-            quorum_wait_s=quorum_wait,
-            grace_s=now - (self.quorum_at[p] or now),
-            bytes_in=sum(pend[i].nbytes for i in ids),
-            bytes_out=len(update.payload) * len(self.live),
-        )
-        # time to deliver the result: the links are taken as symmetric, so the answer is
-        # expected to travel as fast as the contributions did (scaling by the size ratio would
-        # also scale the latency, which dominates small fragments, and starve the window)
-        uploads = [max(pend[i].arrived - pend[i].c.sent_at, 0.0) for i in ids]
-        self.grace.observe(self.grace.sync, max(uploads))
-        self._reset_round(p)
-        self._recycle([pend[i].theta for i in ids])
-        sends = [Send(lid, update) for lid in sorted(self.live)]
-        return [Commit(p, v), *sends, Event(now, "syncer", event)]
-
-    def _recycle(self, thetas: list[torch.Tensor]) -> None:
-        """A closed round's decode buffers serve the next contributions, of any fragment
-        (fresh memory costs a page fault per 4 KiB on its first write: ~20 ms per 16M values;
-        a buffer smaller than a fragment's frame is not used for it, intake.decode_from)."""
-        for t in thetas:  # an int frame's values: a view of its buffer (intake.decode_from)
-            if (
-                isinstance(t, torch.Tensor)
-                and t._base is not None
-                and len(self._spare) < len(self.live)
-            ):
-                self._spare.append(t._base)
-
-    def _reset_round(self, p: int) -> None:
-        self.pulled.closed(p)
-        self.pending[p] = {}
-        self.quorum_at[p] = None
-        self.round_id[p] += 1
-
-    def _drop(self, now: float, p: int, ids: list[str], reason: str) -> list:
-        """A merge that would make fragment p non-finite (or not encodable): nothing of it
-        is committed; its contributions are dropped and the learners send again."""
-        self._reset_round(p)
-        return [Event(now, "syncer", MergeRefused(p, ids, reason))]
