@@ -22,10 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.config import load_job
 from atoll.eventlog import load_events
+from atoll.live.address import free_port
 from atoll.live.view import RunState
 from atoll.report.data import goodput_series, read_run
 from atoll.sinks import scalars
-from tests.e2e.test_status_page import ENV, ROOT, _free_port
+from tests.e2e.test_status_page import ENV, ROOT
 from tests.helpers import learner_process, syncer_process
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,7 @@ def _get(port: int, path: str) -> str:
 def _run(run_dir: Path, extra: list[str]) -> tuple[dict, dict, str]:
     """A syncer (`extra`: its own flags) and two learners to the budget: (/status.json, the
     set's or syncer's own /metrics samples without a shard label, the syncer's output)."""
-    http = _free_port()
+    http = free_port()
     flags = ["--http-port", str(http), "--serve-after-budget", *SETS, *extra]
     proc, addr = syncer_process(run_dir, flags, ENV, ROOT)
     learners = []

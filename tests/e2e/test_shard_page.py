@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.eventlog import read_events
-from atoll.live.launcher import free_port
+from atoll.live.address import free_port
 from tests.e2e.test_shards import ENV, ROOT, SETS, _learner, _shard_pid, _syncer_cli, end_set
 from tests.e2e.test_status_page import _browser
 from tests.helpers import syncer_process

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from atoll.live.address import free_port
 from tests.helpers import RUN, SECRET, syncer_process
 
 pytestmark = pytest.mark.slow
@@ -35,12 +35,6 @@ INK = """const c = document.getElementById(arguments[0]), d = c.getContext('2d')
 for (let i = 0; i < d.length; i += 4)
   if (Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 60) n++;
 return n;"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _browser():
@@ -62,7 +56,7 @@ def _status(port: int, path: str = "/status.json") -> dict:
 
 
 def test_the_status_page_opened_late_draws_the_whole_run_in_a_browser(tmp_path):
-    http = _free_port()
+    http = free_port()
     argv = ["--http-port", str(http), "--serve-after-budget", *SETS]  # the page stays up
     proc, addr = syncer_process(tmp_path, argv, ENV, ROOT)
     learners = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import threading
 import time
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 import atoll
+from atoll.live.address import free_port
 from atoll.live.learner import joining
 from atoll.model.recipe import new_model
 from tests.helpers import CFG, RUN, SECRET
@@ -28,13 +28,6 @@ def _learner(address, **kw):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     kw = {"run_id": RUN, "secret": SECRET, "comm": "thread", "connect_timeout_s": 60, **kw}
     return atoll.Learner(model, opt, address, learner_id="L0", **kw)
-
-
-def _free_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _comm_threads():
@@ -77,7 +70,7 @@ def test_an_unreachable_syncer_is_said_as_it_retries_then_given_up_after_the_joi
     that finds nothing is said on the atoll.learner logger (the first at once, then every 5 s
     at most) and the start gives up after connect_timeout_s with one line naming what the last
     attempt met and how many there were."""
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     caplog.set_level(logging.WARNING, logger="atoll.learner")
     t0 = time.monotonic()
     with pytest.raises(atoll.JoinTimeoutError) as err:
@@ -99,7 +92,7 @@ def test_an_unreachable_syncer_is_said_as_it_retries_then_given_up_after_the_joi
 def test_a_syncer_given_as_a_shard_it_is_not_is_a_join_error(live):
     """The live syncer is unsharded; taken for shard 0 of 2 it refuses the Join."""
     service, _, _, _ = live
-    address = f"127.0.0.1:{service.port},127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{service.port},127.0.0.1:{free_port()}"
     with pytest.raises(atoll.JoinError) as err:
         _learner(address, connect_timeout_s=30)
     msg = str(err.value)

@@ -1,7 +1,10 @@
 """A syncer's address as a learner is given it (`Learner(syncer=...)`, `atoll learner
---syncer`): `host:port`, or a sharded syncer's `host:port,host:port,...` in shard order."""
+--syncer`): `host:port`, or a sharded syncer's `host:port,host:port,...` in shard order; and
+free ports for a launcher to give its syncer and pages (`free_port`)."""
 
 from __future__ import annotations
+
+import socket
 
 from atoll.errors import ConfigError
 
@@ -22,3 +25,23 @@ def check_addresses(syncer: str, setting: str = "syncer") -> list[str]:
             )
         out.append(a.strip())
     return out
+
+
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A free port, the first of `count` consecutive free ones (a sharded syncer's)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+        if count == 1 or all(_bindable(host, base + i) for i in range(1, count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,31 +45,12 @@ from atoll.core.events import (
 )
 from atoll.errors import EXIT_STORE, ConfigError, RunError, restore_hint
 from atoll.eventlog import EventLog, load_events
+from atoll.live.address import free_port
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
 from atoll.live.common import die_with_parent
 from atoll.live.summary import books_tokens
 from atoll.live.view import view_for
-
-
-def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
-    """A free port, the first of `count` consecutive free ones (a sharded syncer's)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            base = s.getsockname()[1]
-        if count == 1 or all(_bindable(host, base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports on {host}")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass

@@ -60,7 +60,7 @@ def main(
 
     http = args.http_port
     if http is None and page:
-        from atoll.live.launcher import free_port
+        from atoll.live.address import free_port
 
         shards = job.live.shards  # a shard set: its page on `http`, shard i's on http+1+i
         http = free_port(job.live.host, shards + 1 if shards > 1 else 1)

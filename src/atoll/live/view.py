@@ -155,9 +155,8 @@ class RunState:
                 if self.started is None:  # until a training step is seen (learners logging
                     self.started, self._by_join = e.t, True  # elsewhere: never)
             case ev.Chaos() as d if d.process in self.rows:
-                self.row(d.process).state = {"kill": "killed", "stall": "stalled"}.get(
-                    d.action, d.action
-                )
+                shown = {"kill": "killed", "stall": "stalled"}
+                self.row(d.process).state = shown.get(d.action, d.action)
 
     # -- the run's figures --------------------------------------------------------------------
     def total_tokens(self) -> int:

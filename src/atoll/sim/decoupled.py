@@ -2,16 +2,10 @@
 
 One heap of timed events drives M learner state machines and one syncer state machine (from
 atoll.core); this module only moves messages over simulated links, runs the real training
-steps, injects failures and keeps the books. Event kinds:
-
-    step      a learner finished a local step (its math runs here)
-    up        a contribution reaches the syncer
-    down      a syncer message (update or heal) reaches a learner
-    timer     a syncer timer fires (grace window end)
-    fail      a learner dies: unsent and in-flight work is lost, links are cut
-    recover   a learner restarts, joins, and heals from the syncer's current fragments
-    fault     a fault of the run's chaos scenario begins (atoll.sim.faults)
-    syncer_up the syncer restarts after a `kill_syncer` fault
+steps, injects failures and keeps the books. What is due when is a typed item of the queue
+(sim/queue.py): a step ends (its math runs here), a message reaches the syncer or a learner,
+a syncer timer fires, a learner fails or recovers, a fault of the run's chaos scenario begins
+(atoll.sim.faults), the syncer restarts after a `kill_syncer` fault.
 
 Goodput = (learner time spent on steps whose work reached the syncer) / (M * wall time).
 Each step's time is split evenly over the P fragments (the learner protocol keeps these books);
@@ -41,6 +35,7 @@ from atoll.core.messages import (
     Contribution,
     FragmentUpdate,
     Heal,
+    LearnerOutput,
     Outgoing,
     Progress,
     Pull,
@@ -49,6 +44,7 @@ from atoll.core.messages import (
     Resumed,
     Send,
     SetTimer,
+    SyncerOutput,
 )
 from atoll.core.syncer import SyncerProtocol
 from atoll.model.data import TokenCorpus
@@ -137,26 +133,23 @@ class DecoupledSim:
     def push(self, t: float, item: q.Item) -> None:
         self.queue.push(t, item)
 
-    def syncer_outputs(self, now: float, outputs: list) -> None:
+    def syncer_outputs(self, now: float, outputs: list[SyncerOutput]) -> None:
+        """The syncer protocol's outputs (a Commit and a PushAnswer need nothing here)."""
         for o in outputs:
-            if isinstance(o, Event):
-                self.events.append(o)
-            elif isinstance(o, SetTimer):
-                self.push(o.at, q.Timer(o.key, self.faults.syncer_epoch))
-            elif isinstance(o, Send):
-                learner = self.by_id[o.to]
-                if learner.phase is Phase.DOWN:
-                    continue
-                nbytes = nbytes_of(o.message)
-                if isinstance(o.message, Heal):
-                    self.heal_bytes += nbytes
-                at = learner.down.transfer(now, nbytes)
-                epoch = self.faults.syncer_epoch
-                self.push(at, q.Down(learner.id, learner.incarnation, o.message, epoch))
+            match o:
+                case Event():
+                    self.events.append(o)
+                case SetTimer(at, key):
+                    self.push(at, q.Timer(key, self.faults.syncer_epoch))
+                case Send(to, message) if self.by_id[to].phase is not Phase.DOWN:
+                    learner, nbytes = self.by_id[to], nbytes_of(message)
+                    self.heal_bytes += nbytes if isinstance(message, Heal) else 0
+                    at, epoch = learner.down.transfer(now, nbytes), self.faults.syncer_epoch
+                    self.push(at, q.Down(learner.id, learner.incarnation, message, epoch))
 
-    def _learner_outputs(self, now: float, learner: SimLearner, outputs: list) -> None:
+    def _learner_outputs(self, now: float, learner: SimLearner, out: list[LearnerOutput]) -> None:
         """A learner protocol's outputs: events into the stream, sends up its link."""
-        for o in outputs:
+        for o in out:
             if isinstance(o, Event):
                 self.events.append(o)
             else:
