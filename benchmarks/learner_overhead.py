@@ -40,7 +40,7 @@ from sidebyside import alternate, finish_plot, machine, overheads, start_syncer,
 def one_repeat(args: argparse.Namespace) -> dict:
     from atoll.config import SimConfig
     from atoll.live.client import status
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
     from atoll.model.recipe import load_corpus, new_model
     from atoll.model.train import DataStream, new_inner_optimizer, train_step
 
@@ -53,9 +53,9 @@ def one_repeat(args: argparse.Namespace) -> dict:
         model = new_model(cfg)
         opt = new_inner_optimizer(model, cfg)
         data = DataStream(cfg, load_corpus(cfg), 0)
-        learner = Learner(model, opt, addr, learner_id="B0", run_id="bench",
-                          secret=secret, comm=args.comm,
-                          switch_interval_s=args.switch_interval)  # fmt: skip
+        opts = LearnerOptions(learner_id="B0", run_id="bench", secret=secret, comm=args.comm,
+                              switch_interval_s=args.switch_interval)  # fmt: skip
+        learner = Learner(model, opt, addr, opts)
         tokens = cfg.batch * cfg.context
         call_times: list[float] = []
 

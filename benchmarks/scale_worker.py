@@ -180,19 +180,19 @@ def measure(args: argparse.Namespace) -> dict:
     digest_s = time.perf_counter() - t
     run_dir = Path(tempfile.mkdtemp(prefix="atoll-scale-"))
     syncer, addr, secret, syncer_start_s = _start_syncer(loop, args, run_dir)
-    kw = dict(syncer=addr, learner_id="S0", run_id=RUN, secret=secret, comm="process",
-              connect_timeout_s=1800.0)  # fmt: skip
+    opts = atoll.LearnerOptions(learner_id="S0", run_id=RUN, secret=secret, comm="process",
+                                connect_timeout_s=1800.0)  # fmt: skip
     join_s = join_bytes = None
     try:
         if WORLD == 1:  # the same weights as the syncer's: digests match, nothing downloaded
             t = time.perf_counter()
-            loop.learner = atoll.Learner(loop.model, loop.opt, **kw)
+            loop.learner = atoll.Learner(loop.model, loop.opt, addr, opts)
             join_s, join_bytes = time.perf_counter() - t, talker_bytes(loop)[0]
             say(size, f"join (digests match) {join_s:.2f} s, {join_bytes} bytes down")
             loop.learner.close()
         loop.plain()  # the weights now differ from the syncer's: this join heals in full
         t = time.perf_counter()
-        loop.learner = atoll.Learner(loop.model, loop.opt, **kw)
+        loop.learner = atoll.Learner(loop.model, loop.opt, addr, opts)
         heal_s, heal_bytes = time.perf_counter() - t, talker_bytes(loop)[0]
         say(size, f"join with a full heal {heal_s:.2f} s, {heal_bytes / MB:.1f} MiB down")
         proc = getattr(getattr(loop.learner, "port", None), "proc", None)

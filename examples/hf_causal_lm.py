@@ -92,10 +92,10 @@ def main() -> None:
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
     # in an island every rank makes the Learner (with the model itself, not the DDP wrapper):
     # the ranks are one learner, rank 0 talks to the syncer, and every rank is healed from it
-    learner = atoll.Learner(
-        model, opt, syncer=args.syncer, learner_id=args.learner_id, run_id=args.run_id,
-        secret_file=args.secret_file,
-    )  # fmt: skip
+    opts = atoll.LearnerOptions(
+        learner_id=args.learner_id, run_id=args.run_id, secret_file=args.secret_file
+    )
+    learner = atoll.Learner(model, opt, args.syncer, opts)
 
     for step in range(args.steps):
         tokens, _ = ByteCorpus.batch(data, args.batch, CONTEXT, gen)  # random windows

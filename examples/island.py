@@ -72,10 +72,11 @@ def main() -> None:
     else:
         net = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    learner = atoll.Learner(
-        model, opt, syncer=args.syncer, learner_id=args.learner_id, run_id=args.run_id,
-        secret_file=args.secret_file, tls_ca=args.tls_ca,
+    opts = atoll.LearnerOptions(
+        learner_id=args.learner_id, run_id=args.run_id, secret_file=args.secret_file,
+        tls_ca=args.tls_ca,
     )  # fmt: skip
+    learner = atoll.Learner(model, opt, args.syncer, opts)
     if args.check_heal:  # every rank now holds the syncer's initial model (heals are int8)
         want = dict(new_model(cfg).named_parameters())
         have = full_params(model)

@@ -43,16 +43,14 @@ def main() -> int:
     batches = wl.Batches(train, w, a.rank)
     prog = wl.Progress(a.out / f"progress-{a.rank}.jsonl")
     slow = wl.Straggler(a.slow)
-    learner = atoll.Learner(
-        model,
-        opt,
-        syncer=a.syncer,
+    opts = atoll.LearnerOptions(
         learner_id=f"L{a.rank}",
         run_id=a.run_id,
         secret_file=a.secret_file,
         comm=a.comm,
         events=str(a.out / f"learner-{a.rank}.jsonl"),
     )
+    learner = atoll.Learner(model, opt, a.syncer, opts)
     t0 = time.time()
     while not learner.should_stop:
         slow.start()

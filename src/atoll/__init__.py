@@ -18,16 +18,16 @@ check_installed()  # an older torch stops here, in one line, before any module i
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from atoll.live import Learner
+    from atoll.live import Learner, LearnerOptions
     from atoll.model.custom import save_init
 
 
 def __getattr__(name: str) -> object:
     # `atoll.Learner`, `atoll.save_init` without importing torch/grpc for every `import atoll`
-    if name == "Learner":
-        from atoll.live import Learner
+    if name in ("Learner", "LearnerOptions"):
+        from atoll import live
 
-        return Learner
+        return getattr(live, name)
     if name == "save_init":
         from atoll.model.custom import save_init
 
@@ -42,6 +42,7 @@ __all__ = [
     "JoinError",
     "JoinTimeoutError",
     "Learner",
+    "LearnerOptions",
     "LearnerError",
     "RunError",
     "__version__",

@@ -178,7 +178,7 @@ def test_a_full_disk_stops_the_syncer_before_it_sends_an_unrecorded_round(tmp_pa
 
     from atoll.config import SimConfig
     from atoll.live.client import wait_ready
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
     from atoll.model.recipe import new_model
 
     run_dir = tmp_path / "run"
@@ -190,10 +190,9 @@ def test_a_full_disk_stops_the_syncer_before_it_sends_an_unrecorded_round(tmp_pa
     cfg = SimConfig(n_layer=1, d_model=16, n_head=2, context=16, batch=4, P=4, H=4)
     model = new_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    learner = Learner(
-        model, opt, addr, learner_id="L0", run_id="disk", secret="disk-secret-0123",
-        comm="thread", events=str(run_dir / "events.jsonl"),
-    )  # fmt: skip
+    opts = LearnerOptions(learner_id="L0", run_id="disk", secret="disk-secret-0123",
+                          comm="thread", events=str(run_dir / "events.jsonl"))  # fmt: skip
+    learner = Learner(model, opt, addr, opts)
     x = torch.randint(0, 256, (4, 16))
 
     def train(n):

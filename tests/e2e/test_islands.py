@@ -76,7 +76,7 @@ def test_ranks_that_disagree_on_the_model_stop_with_one_line_before_joining(tmp_
         "dist.init_process_group('gloo')\n"
         "model = torch.nn.Linear(4, 4 + dist.get_rank())\n"
         "try:\n"
-        "    atoll.Learner(model, syncer='127.0.0.1:9', connect_timeout_s=5)\n"
+        "    atoll.Learner(model, None, '127.0.0.1:9', atoll.LearnerOptions(connect_timeout_s=5))\n"
         "except ConfigError as e:\n"
         "    print(f'rank {dist.get_rank()}: {e}'); sys.exit(2)\n"
     )

@@ -260,7 +260,7 @@ def test_sender_killed_mid_transfer_leaves_no_partial_contribution(syncer):
 )
 def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
     from atoll.config import SimConfig
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
     from atoll.model.recipe import new_model
 
     addr, run_dir, proc = syncer
@@ -269,7 +269,8 @@ def test_learner_library_heals_trains_and_matches_global_state(syncer, comm):
     model = new_model(SimConfig(n_layer=1, d_model=16, n_head=2, context=16, seed=5))
     expected = {n: p.detach().clone() for n, p in new_model(cfg).named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    learner = Learner(model, opt, addr, learner_id="LIB", run_id=RUN, secret=SECRET, comm=comm)
+    opts = LearnerOptions(learner_id="LIB", run_id=RUN, secret=SECRET, comm=comm)
+    learner = Learner(model, opt, addr, opts)
     if comm == "process":  # the communication runs in a child; this process has no new thread
         assert learner.port.proc.poll() is None
         assert all(not t.name.startswith("atoll-") for t in threading.enumerate())
@@ -426,7 +427,7 @@ def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):
     """`atoll syncer --tls-cert --tls-key`: a learner given the CA heals, trains and its
     rounds merge; a plaintext client gets nothing."""
     from atoll.config import SimConfig
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
     from atoll.model.recipe import new_model
 
     cert, key = _self_signed(tmp_path)
@@ -446,8 +447,9 @@ def test_tls_syncer_serves_learners_with_the_ca_and_refuses_plaintext(tmp_path):
         cfg = SimConfig(n_layer=1, d_model=16, n_head=2, context=16, batch=4, P=4, H=4)
         model = new_model(cfg)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        learner = Learner(model, opt, addr, learner_id="T0", run_id=RUN, secret=SECRET,
-                          tls_ca=cert, connect_timeout_s=20)  # fmt: skip
+        opts = LearnerOptions(learner_id="T0", run_id=RUN, secret=SECRET, tls_ca=cert,
+                              connect_timeout_s=20)  # fmt: skip
+        learner = Learner(model, opt, addr, opts)
         x = torch.randint(0, 256, (4, 16))
         for _ in range(8):
             model(x, x).backward()

@@ -20,7 +20,7 @@ def test_a_learner_whose_communication_process_dies_stops_loudly(live):
     so its supervisor never restarted it. Now `step()` raises CommError (the process exits
     non-zero and is restarted; it then heals)."""
     from atoll.errors import CommError
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
     from atoll.model.recipe import new_model
 
     service, _, _, tmp_path = live
@@ -28,10 +28,9 @@ def test_a_learner_whose_communication_process_dies_stops_loudly(live):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     addr = f"127.0.0.1:{service.port}"
     events = tmp_path / "events.jsonl"
-    learner = Learner(
-        model, opt, addr, learner_id="L0", run_id=RUN, secret=SECRET, comm="process",
-        events=str(events),
-    )  # fmt: skip
+    opts = LearnerOptions(learner_id="L0", run_id=RUN, secret=SECRET, comm="process",
+                          events=str(events))  # fmt: skip
+    learner = Learner(model, opt, addr, opts)
     learner.step(tokens=16)
     learner.port.proc.kill()
     learner.port.proc.wait()

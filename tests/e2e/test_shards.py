@@ -5,6 +5,7 @@ Bad input stops with one line and disturbs no running shard."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -151,12 +152,13 @@ def test_a_learner_with_the_shards_out_of_order_or_another_run_is_refused(tmp_pa
 
         model = new_model(load_job([s for s in SETS if s != "--set"], None).sim)
         with pytest.raises(atoll.JoinError) as e:
-            atoll.Learner(model, syncer=f"{a1},{a0}", run_id=RUN, secret=SECRET,
-                          comm="thread", connect_timeout_s=30)  # fmt: skip
+            opts = atoll.LearnerOptions(run_id=RUN, secret=SECRET, comm="thread",
+                                        connect_timeout_s=30)  # fmt: skip
+            atoll.Learner(model, None, f"{a1},{a0}", opts)
         assert "this syncer is shard" in str(e.value) and "shard order" in str(e.value)
         with pytest.raises(atoll.AuthError) as e:
-            atoll.Learner(model, syncer=addr, run_id="another-run", secret=SECRET,
-                          comm="thread", connect_timeout_s=30)  # fmt: skip
+            opts = dataclasses.replace(opts, run_id="another-run")
+            atoll.Learner(model, None, addr, opts)
         assert "run" in str(e.value)
         # a shard started on the other shard's directory stops before reading it
         res = _syncer_cli(

@@ -27,7 +27,7 @@ def _learner(address, **kw):
     model = new_model(CFG)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     kw = {"run_id": RUN, "secret": SECRET, "comm": "thread", "connect_timeout_s": 60, **kw}
-    return atoll.Learner(model, opt, address, learner_id="L0", **kw)
+    return atoll.Learner(model, opt, address, atoll.LearnerOptions(learner_id="L0", **kw))
 
 
 def _comm_threads():

@@ -13,15 +13,16 @@ import torch
 from atoll.config import SimConfig
 from atoll.errors import ConfigError
 from atoll.live.client import status
-from atoll.live.learner import Learner
+from atoll.live.learner import Learner, LearnerOptions
 from atoll.model.recipe import new_model
 from tests.helpers import CFG, RUN, SECRET
 
 
 def _learner(model, port, learner_id):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    return Learner(model, opt, f"127.0.0.1:{port}", learner_id=learner_id, run_id=RUN,
-                   secret=SECRET, comm="thread", connect_timeout_s=15)  # fmt: skip
+    opts = LearnerOptions(learner_id=learner_id, run_id=RUN, secret=SECRET, comm="thread",
+                          connect_timeout_s=15)  # fmt: skip
+    return Learner(model, opt, f"127.0.0.1:{port}", opts)
 
 
 def _comm_threads():

@@ -261,7 +261,7 @@ def test_a_syncer_whose_welcome_cannot_be_used_stops_the_learner_loudly():
     from concurrent import futures
 
     from atoll.errors import JoinError
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
     from atoll.model.recipe import new_model
 
     joins = []
@@ -280,8 +280,9 @@ def test_a_syncer_whose_welcome_cannot_be_used_stops_the_learner_loudly():
         model = new_model(CFG)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with pytest.raises(JoinError, match=r"Welcome cannot be used: Welcome.H=0"):
-            Learner(model, opt, f"127.0.0.1:{port}", learner_id="L0", run_id=RUN,
-                    secret=SECRET, comm="thread", connect_timeout_s=60)  # fmt: skip
+            opts = LearnerOptions(learner_id="L0", run_id=RUN, secret=SECRET, comm="thread",
+                                  connect_timeout_s=60)  # fmt: skip
+            Learner(model, opt, f"127.0.0.1:{port}", opts)
         assert len(joins) == 5  # not a TimeoutError after 60 s of rejoining
     finally:
         server.stop(0)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 from dataclasses import dataclass
 from typing import Literal
 
@@ -216,9 +215,10 @@ def test_live_options_are_built_from_the_job(tmp_path):
     assert syncer_options(job, tmp_path, "r", "s").expect_learners == 3
     kw = learner_options(job, 2)
     assert kw["shape_mbps"] == 2.5 and kw["wait_s"] == job.live.wait_s
-    from atoll.live.learner import Learner
+    from atoll.live.learner import LearnerOptions
 
-    assert set(kw) <= set(inspect.signature(Learner.__init__).parameters)
+    assert set(kw) <= {f.name for f in dataclasses.fields(LearnerOptions)}
+    assert LearnerOptions(**kw).connect_timeout_s == job.live.join_timeout_s
 
 
 def test_sim_config_is_the_flat_view_of_the_sections():

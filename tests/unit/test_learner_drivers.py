@@ -32,7 +32,7 @@ from atoll.live.comm.messages import (
     UpdateReceived,
     Welcomed,
 )
-from atoll.live.learner import Learner
+from atoll.live.learner import Learner, LearnerOptions
 from atoll.model.recipe import new_model
 from atoll.sim.decoupled import DecoupledSim
 from atoll.wire import convert
@@ -95,9 +95,8 @@ class ScriptedLearner(Learner):
 
     def __init__(self, port: ScriptedPort, model: torch.nn.Module) -> None:
         self.scripted = port
-        super().__init__(
-            model, None, "127.0.0.1:1", learner_id="L0", secret="scripted-secret", wait_s=math.inf
-        )
+        opts = LearnerOptions(learner_id="L0", secret="scripted-secret", wait_s=math.inf)
+        super().__init__(model, None, "127.0.0.1:1", opts)
 
     def _open_port(self, comm: str, opts: object) -> ScriptedPort:
         return self.scripted

@@ -51,7 +51,7 @@ def test_each_kind_of_failure_is_its_exception_in_one_line(kind, cls, says):
         "unusable": "the syncer's Welcome cannot be used: Welcome.H=0",
         "": "the communication process ended",
     }[kind]
-    learner = SimpleNamespace(id="L3", address="h:1", run_id="r")
+    learner = SimpleNamespace(id="L3", address="h:1", _comm=SimpleNamespace(run_id="r"))
     exc = failure(learner, CommFailed(reason, kind))
     assert type(exc) is cls and str(exc).startswith("learner L3: ") and says in str(exc), exc
     assert "\n" not in str(exc)

@@ -1,7 +1,7 @@
 """The live processes' options, each built from the one `JobConfig` (never copied by hand):
 
 - `syncer_options(job, ...)`   the syncer service's `SyncerOptions` (`atoll syncer`)
-- `learner_options(job, ...)`  the built-in learner's `Learner(...)` keyword arguments that
+- `learner_options(job, ...)`  the built-in learner's `LearnerOptions` fields that
                                come from the settings (`atoll learner`); the learner builds its
                                communication side's `CommOptions` from them
 """
@@ -76,7 +76,7 @@ def syncer_options(
 
 
 def learner_options(job: JobConfig, index: int) -> dict[str, object]:
-    """The settings' keyword arguments of learner `index`'s `Learner(...)`: its answer wait,
+    """The settings' `LearnerOptions` fields of learner `index`: its answer wait,
     upload limit, heartbeat, join timeout and communication mode (`auto` decided for one
     learner process: `atoll run` passes the mode it chose for all of them)."""
     from atoll.live.comm_mode import resolve_comm

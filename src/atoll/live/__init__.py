@@ -13,15 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
 
 
 def __getattr__(name: str) -> object:
-    if name == "Learner":
-        from atoll.live.learner import Learner
+    if name in ("Learner", "LearnerOptions"):
+        from atoll.live import learner
 
-        return Learner
+        return getattr(learner, name)
     raise AttributeError(name)
 
 
-__all__ = ["Learner"]
+__all__ = ["Learner", "LearnerOptions"]

@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from atoll.config.options import learner_options
-    from atoll.live.learner import Learner
+    from atoll.live.learner import Learner, LearnerOptions
     from atoll.live.learner.devices import learner_device
     from atoll.model.recipe import load_corpus, new_model
     from atoll.model.train import DataStream, inner_lr, new_inner_optimizer, train_step
@@ -214,10 +214,7 @@ def main(args: argparse.Namespace) -> int:
         args.restart = int(args.standby.read_text())
     # each restart, and each rank of an island, draws its own batches from the learner's shard
     data.gen.manual_seed(scfg.seed * 1000 + args.index + 7919 * args.restart + 104729 * rank)
-    learner = Learner(
-        model,
-        opt,
-        args.syncer,
+    opts = LearnerOptions(
         learner_id=lid,
         run_id=args.run_id,
         secret_file=args.secret_file,
@@ -229,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
         faults_file=str(args.faults) if args.faults else None,
         **learner_options(job, args.index),  # wait_s, shape_mbps, heartbeat_s, timeout, comm
     )
+    learner = Learner(model, opt, args.syncer, opts)
     start = time.time()
     if lcfg.start_barrier and args.restart == 0 and rank == 0:
         start = _start_time(args, learner, stop)
@@ -288,11 +286,12 @@ def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:
     import time
 
     from atoll.live.client import status
+    from atoll.wire.auth import load_secret
 
     until = time.time() + 60.0
     while time.time() < until and not stop["now"]:
         try:
-            st = status(args.syncer, args.run_id, learner.secret, 1.0, args.tls_ca)
+            st = status(args.syncer, args.run_id, load_secret(args.secret_file), 1.0, args.tls_ca)
         except Exception:  # noqa: BLE001 - the syncer may be restarting; keep waiting
             st = None
         if st is not None and st.start_at > 0:

@@ -60,6 +60,7 @@ from atoll.live.learner.island import (
     is_sharded,
     unwrap,
 )
+from atoll.live.learner.options import LearnerOptions
 from atoll.live.learner.ports import ClosedPort, Port, ProcessPort, ThreadPort
 from atoll.wire.auth import load_secret
 
@@ -68,8 +69,8 @@ class Learner:
     """One learner of a Decoupled DiLoCo run: your model and inner optimizer, trained in your
     own loop, kept in sync with the run's syncer in the background.
 
-        learner = atoll.Learner(model, opt, syncer="host:7070", learner_id="L0",
-                                run_id="myrun", secret_file="secret.txt")
+        opts = atoll.LearnerOptions(learner_id="L0", run_id="myrun", secret_file="secret.txt")
+        learner = atoll.Learner(model, opt, "host:7070", opts)
         for batch in data:
             ...; loss.backward(); opt.step(); opt.zero_grad()
             learner.step(tokens=batch.numel())
@@ -99,54 +100,34 @@ class Learner:
     def __init__(
         self,
         model: torch.nn.Module,
-        inner_optimizer: Any = None,  # yours (torch.optim or not): kept, never stepped here
+        inner_optimizer: Any = None,
         syncer: str = "127.0.0.1:7070",
+        options: LearnerOptions | None = None,
         *,
-        learner_id: str | None = None,
-        run_id: str = "atoll",
-        secret: str | None = None,
-        secret_file: str | None = None,
-        tls_ca: str | None = None,
-        wait_s: float = 0.0,
-        shape_mbps: float = 0.0,
-        heartbeat_s: float = 0.5,
-        connect_timeout_s: float = 60.0,
-        events: EventLog | str | None = None,
-        comm: str = "auto",
-        switch_interval_s: float | None = None,
-        faults_file: str | None = None,
         group: Any = None,
     ) -> None:
-        """Join the syncer at `syncer` ("host:port") and block until healed from it.
-
-        `connect_timeout_s`: the join timeout (no heal by then: `JoinTimeoutError`; a child
-        process's start counts). `group`: a torch.distributed group of 2+ ranks makes it an
-        island (every rank calls `Learner` alike; rank 0 talks to the syncer: island.py);
-        None: the default group when initialised with 2+ ranks, else one process. `comm`:
-        "process", "thread" or "auto" (a process with 2+ cores per learner process on this
-        machine, `comm_mode`).
-        `switch_interval_s`: with comm threads, `sys.setswitchinterval` for the whole process
-        (Python's 5 ms can delay the training thread after each torch op; `atoll learner`
-        uses 2e-4). None (default): the interpreter is left alone."""
+        """Join the syncer at `syncer` ("host:port"; a sharded syncer's "host:port,..." in
+        shard order) and block until healed from it. `inner_optimizer`: yours (torch.optim
+        or not), kept and never stepped here. `options`: the rest (`LearnerOptions`).
+        `group`: a torch.distributed group of 2+ ranks makes it an island (every rank calls
+        `Learner` alike; rank 0 talks to the syncer: island.py); None: the default group when
+        initialised with 2+ ranks, else one process."""
+        o = self.options = options if options is not None else LearnerOptions()
         syncer = ",".join(check_addresses(syncer))
         self.island = Island.of(dict(unwrap(model).named_parameters()), group)
         if self.island is not None:  # its talking rank (the other ranks: IslandMember)
             model = unwrap(model)
             self.island.check_same(dict(model.named_parameters()))
         # "auto": a child process with 2+ cores per learner process running on this machine
-        comm = resolve_comm(comm, learners_on_host() if comm == "auto" else 1)
-        if comm == "thread" and switch_interval_s is not None:
-            sys.setswitchinterval(switch_interval_s)
+        comm = resolve_comm(o.comm, learners_on_host() if o.comm == "auto" else 1)
+        if comm == "thread" and o.switch_interval_s is not None:
+            sys.setswitchinterval(o.switch_interval_s)
         self.model = model
         self.optimizer = inner_optimizer
         self.address = syncer
-        self.id = learner_id or f"learner-{uuid.uuid4().hex[:6]}"
+        self.id = o.learner_id or f"learner-{uuid.uuid4().hex[:6]}"
         self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.run_id = run_id
-        self.secret = secret if secret is not None else load_secret(secret_file)
-        self.tls_ca = tls_ca
-        self.wait_s = wait_s
-        self.events = events if isinstance(events, EventLog) else EventLog(events)
+        self.events = o.events if isinstance(o.events, EventLog) else EventLog(o.events)
         self.started = time.time()
         self.params = dict(model.named_parameters())
         self.proto: LearnerProtocol | None = None
@@ -168,17 +149,18 @@ class Learner:
         self._last_step_t = 0.0
         self._first_step_logged = False
         sharded = {n for n, t in self.params.items() if is_sharded(t)}  # FSDP2: heal in full
-        opts = CommOptions(
-            address=syncer, learner_id=self.id, incarnation=self.incarnation, run_id=run_id,
-            secret=self.secret, tls_ca=tls_ca, shape_mbps=shape_mbps, heartbeat_s=heartbeat_s,
+        secret = o.secret if o.secret is not None else load_secret(o.secret_file)
+        self._comm = CommOptions(
+            address=syncer, learner_id=self.id, incarnation=self.incarnation, run_id=o.run_id,
+            secret=secret, tls_ca=o.tls_ca, shape_mbps=o.shape_mbps, heartbeat_s=o.heartbeat_s,
             events_path=str(self.events.path) if self.events.path else None,
-            faults_path=faults_file,  # chaos only (atoll.live.comm.faults)
+            faults_path=o.faults_file,  # chaos only (atoll.live.comm.faults)
             digests=tuple((n, codec.digest(t)) for n, t in self.params.items() if n not in sharded),
             ranks=self.island.size if self.island is not None else 1,
         )  # fmt: skip
         with Leading(self.island):
-            self.port = self._open_port(comm, opts)
-            self._await_first_heal(connect_timeout_s)
+            self.port = self._open_port(comm, self._comm)
+            self._await_first_heal(o.connect_timeout_s)
 
     def _fragments(self, plan: FragmentPlan) -> FragmentStore:
         """Where the protocol reads and writes fragment values (on an island, on every rank)."""

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 train.py      # in train.py, on every rank:
         dist.init_process_group("gloo")       # (NCCL on GPUs)
         ddp = DistributedDataParallel(model)
-        learner = atoll.Learner(model, opt, syncer="host:7070", learner_id="site-a")
+        learner = atoll.Learner(model, opt, "host:7070", atoll.LearnerOptions(learner_id="site-a"))
         for batch in data:                    # each rank its own batches
             ...; learner.step(tokens=batch_tokens)
             if learner.should_stop: break
@@ -309,10 +309,10 @@ class IslandMember:
         self,
         model: torch.nn.Module,
         inner_optimizer: Any = None,
-        *args: Any,
+        syncer: str | None = None,
+        options: Any = None,
+        *,
         group: Any = None,
-        learner_id: str | None = None,
-        **kwargs: Any,
     ) -> None:
         self.model = unwrap(model)
         self.params = dict(self.model.named_parameters())
@@ -321,7 +321,7 @@ class IslandMember:
             raise ConfigError("group", group, "a process group of 2 or more ranks")
         self.island = island
         self.optimizer = inner_optimizer
-        self.id = learner_id
+        self.id = options.learner_id if options is not None else None
         self.island.check_same(self.params)
         self.fragments: IslandFragments | None = None
         self.steps_done = 0

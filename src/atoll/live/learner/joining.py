@@ -63,7 +63,7 @@ def failure(learner: Any, failed: CommFailed) -> LearnerError:
     who = f"learner {learner.id}"
     reason = failed.reason.removeprefix("syncer refused us: ")
     if failed.kind == "auth":
-        return refused(who, learner.address, reason, learner.run_id)
+        return refused(who, learner.address, reason, learner._comm.run_id)
     if failed.kind == "refused":
         return JoinError(f"{who}: the syncer at {learner.address} refused it: {reason}")
     if failed.kind == "unusable":
@@ -77,8 +77,9 @@ def first_heal(learner: Any, timeout: float) -> None:
     deadline = time.time() + timeout
     # the secret checked with one call while the communication side starts (a child process
     # takes seconds to import torch): a wrong one is said at once
-    check_secret(f"learner {learner.id}", learner.address, learner.run_id, learner.secret,
-                 learner.tls_ca, min(2.0, timeout))  # fmt: skip
+    c = learner._comm
+    check_secret(f"learner {learner.id}", learner.address, c.run_id, c.secret, c.tls_ca,
+                 min(2.0, timeout))  # fmt: skip
     welcomes = learner._welcomes
     retry: JoinRetry | None = None  # the newest attempt that found no syncer, since a Welcome
     said: float | None = None  # when an attempt was last said (monotonic)
@@ -128,7 +129,7 @@ def first_heal(learner: Any, timeout: float) -> None:
 def make_protocol(learner: Any, welcome: pb.Welcome, plan: FragmentPlan) -> None:
     """The learner protocol, with the settings the syncer's Welcome gives."""
     cfg = convert.learner_config_from_welcome(welcome, block=True)
-    cfg = dataclasses.replace(cfg, max_wait_s=learner.wait_s)
+    cfg = dataclasses.replace(cfg, max_wait_s=learner.options.wait_s)
     flat = learner._fragments(plan)
     proto = LearnerProtocol(learner.id, plan, learner.params, cfg, flat, learner.budget)
     proto.delta_out = learner.port.delta_buffer  # e.g. into a shared slot
