@@ -46,8 +46,9 @@ class LiveConfig:
     chaos: str = ""  # e.g. "kill:L1@20+3,stop:L2@30+2,kill:syncer@40+2" or "random:3"
     chaos_seed: int = 0
     restart_delay_s: float = 3.0
-    # the supervisor keeps one warm spare process per learner (its imports done, waiting): a
-    # restart activates it instead of starting Python and torch again (seconds on a busy host)
+    # the supervisor keeps one warm spare process per learner a scenario kills or adds (its
+    # imports done, waiting): a restart, or the `add`, activates it instead of starting Python
+    # and torch then (seconds on a busy host)
     warm_spares: bool = True
     max_wall_s: float = 900.0
     # held-out evaluations: the final model's in the summary, and the syncer's global model's

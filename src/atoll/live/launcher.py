@@ -64,6 +64,7 @@ class _Proc:
     stopped_until: float | None = None  # SIGCONT at this time
     spare: subprocess.Popen | None = None  # a warm spare (learners), waiting on `spare_go`
     spare_go: Path | None = None
+    spares_made: int = 0  # each spare waits on a file of its own
 
 
 @dataclass
@@ -111,6 +112,7 @@ class Launcher:
         scenario = chaos.load(spec, self.lcfg.restart_delay_s).validate(n)
         self.chaos = scenario.timeline(n, self.lcfg.max_wall_s, self.lcfg.chaos_seed)
         self.late = scenario.late_learners()  # started when their `add` comes
+        self.kill_targets = {f.target for f in self.chaos if f.kind == "kill"}
         (self.run_dir / "faults").mkdir(exist_ok=True)
 
     def _say(self, text: str) -> None:
@@ -157,7 +159,8 @@ class Launcher:
     def _spawn_spare(self, proc: _Proc) -> None:
         """A learner process that imports everything and waits for `spare_go` (the restart
         count): a restart then costs no interpreter and torch start-up."""
-        proc.spare_go = self.run_dir / "spares" / f"{proc.name}-{proc.restarts + 1}"
+        proc.spares_made += 1
+        proc.spare_go = self.run_dir / "spares" / f"{proc.name}-{proc.spares_made}"
         proc.spare_go.parent.mkdir(exist_ok=True)
         argv = [*self._argv("learner", int(proc.name[1:])), "--standby", str(proc.spare_go)]
         proc.spare = self._popen(proc.name, argv)
@@ -168,12 +171,13 @@ class Launcher:
             proc.restarts += 1
             if proc.name != "syncer":
                 proc.argv = self._argv("learner", int(proc.name[1:]), proc.restarts)
-        if restart and spare is not None and spare.poll() is None and proc.spare_go:
+        if spare is not None and spare.poll() is None and proc.spare_go:
             tmp = proc.spare_go.with_suffix(".tmp")
             tmp.write_text(str(proc.restarts))
             tmp.replace(proc.spare_go)  # the spare goes on, as restart `restarts`
             proc.popen, proc.spare = spare, None
-            self._spawn_spare(proc)
+            if proc.name in self.kill_targets:  # the next restart's
+                self._spawn_spare(proc)
         else:
             proc.popen = self._popen(proc.name, proc.argv)
         proc.down_until = None
@@ -235,10 +239,11 @@ class Launcher:
         interrupted, failed = False, None
         view = view_for(self.run_dir, self.scfg, self.scfg.learners, not self.quiet, self.sinks)
         view.start()
-        spares = False  # warm spares, for a scenario that kills learners
-        # one for each learner the scenario kills (their targets are drawn already)
+        spares = False  # warm spares, for a scenario that kills or adds learners
+        # one for each learner the scenario kills or adds (their targets are drawn already):
+        # a restart, or a learner added at `at`, then costs no interpreter and torch start-up
         spare_for = (
-            {f.target for f in chaos if f.kind == "kill"}
+            self.kill_targets | (set(self.late) & {f.target for f in chaos if f.kind == "add"})
             if self.lcfg.warm_spares and max(self.islands) == 1  # an island starts torchrun
             else set()
         )
