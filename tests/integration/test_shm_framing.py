@@ -14,7 +14,7 @@ def test_framed_messages_round_trip_and_contributions_travel_without_tensors():
     import socket
     import threading
 
-    from atoll.core.messages import Outgoing
+    from atoll.core.messages import Outgoing, Resume
     from atoll.live.comm.child import _take_vectors
     from atoll.live.comm.framing import FrameReader, write_frame
     from atoll.live.comm.messages import Reset, StepState, Submit
@@ -25,7 +25,7 @@ def test_framed_messages_round_trip_and_contributions_travel_without_tensors():
     assert b"torch" not in pickle.dumps(sub)
     back = pickle.loads(pickle.dumps(sub))
     assert back.outgoing.seq == 7 and back.outgoing.delta.numel() == 0
-    st = StepState(2, 64, 0.2, 0.1, (3, 3), (3, 4), (back,))
+    st = StepState(2, 64, 0.2, 0.1, Resume((3, 3), (3, 4)), (back,))
     took = _take_vectors(st, None).submits[0]
     assert took.vector is None and torch.equal(took.outgoing.delta, delta)
     slots, fd = SharedSlots.create(total=10, nflags=2)
@@ -33,7 +33,7 @@ def test_framed_messages_round_trip_and_contributions_travel_without_tensors():
     os.close(fd)
     assert slots.layout([4, 6]) and other.layout([4, 6])
     assert slots.put(slots.up, 1, delta) == 0
-    st = StepState(2, 64, 0.2, 0.1, (3, 3), (3, 4), (Submit(o, 0),))
+    st = StepState(2, 64, 0.2, 0.1, Resume((3, 3), (3, 4)), (Submit(o, 0),))
     took = _take_vectors(pickle.loads(pickle.dumps(st)), other).submits[0]
     assert torch.equal(took.outgoing.delta, delta) and slots.put(slots.up, 1, delta) == 0  # freed
 

@@ -10,6 +10,7 @@ import torch
 
 from atoll.core import codec
 from atoll.core.events import KINDS, Event
+from atoll.core.learner import HealRequest, LearnerConfig, LearnerProtocol
 from atoll.core.messages import (
     Contribution,
     FragmentUpdate,
@@ -20,10 +21,11 @@ from atoll.core.messages import (
     Refusal,
     Resume,
     Resumed,
+    Send,
 )
 from atoll.core.syncer import PROGRESS_STEPS_MAX
 from atoll.errors import ConfigError
-from tests.helpers import encoded, sends, setup, step
+from tests.helpers import SHAPES, encoded, sends, setup, step
 
 
 def _contrib(plan, lid, p, seq, base, value=0.01, **kw):
@@ -308,3 +310,30 @@ def test_a_round_of_less_weight_than_usual_moves_theta_by_its_share(mode, moved)
     assert syncer.round_weight.usual[1] == usual
     with pytest.raises(ConfigError, match="light_rounds='half'"):
         setup(light_rounds="half")
+
+
+def test_what_a_rejoin_says_is_the_learner_protocols_word():
+    """Both drivers build a (re)join's Hello from `rejoin_says`: nothing before the first
+    heal (a fresh learner heals), else its base and newest versions, keeping its progress
+    unless it asks for a heal; an earlier syncer process is said when the driver knows it."""
+    plan, syncer, (l0, _) = setup()
+    params = {k: torch.zeros(s) for k, s in SHAPES.items()}
+    fresh = LearnerProtocol("L9", plan, params, LearnerConfig(tau=1))
+    assert fresh.rejoin_says() is None and fresh.rejoin_says(heal=True) is None
+    _merge_some(plan, syncer)
+    for u in [o.message for o in syncer.close_all(1.0) if isinstance(o, Send)]:
+        l0.on_update(1.0, u)
+    says = l0.rejoin_says()
+    assert says == Resume(tuple(l0.base_version), tuple(l0.latest_version))
+    assert says.keep_progress and not says.other_epoch
+    assert l0.rejoin_says(heal=True) == says.healing() and not says.healing().keep_progress
+    assert l0.rejoin_says(other_epoch=True).other_epoch
+
+
+def test_a_contribution_that_does_not_encode_is_not_sent_and_the_learner_heals():
+    plan, syncer, (l0, _) = setup()
+    out = l0.on_unsendable(2.0, 1, "payload holds non-finite values")
+    (event,) = [o for o in out if isinstance(o, Event)]
+    (send,) = [o for o in out if isinstance(o, Send)]
+    assert event.data.reason == "not sent: payload holds non-finite values"
+    assert send.to == "syncer" and send.message == HealRequest(event.data.reason, 1)

@@ -107,7 +107,10 @@ def test_a_merge_is_the_references_within_float_rounding(
         deltas, weights = [d, -d], [1.0, 1.0]
     held, values = _held(k, theta, deltas, scheme, group)
     got, want = _merge_both(k, theta, held, values, weights, sizes, mean)
-    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-9)
+    # cancelling contributions leave a merge far smaller than its terms: its float rounding is
+    # then relative to the terms (here 0.01 a value), not to what is left
+    atol = 2e-6 * max(float(d.abs().max()) for d in deltas) if cancel else 1e-9
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=atol)
 
 
 @settings(max_examples=40, deadline=None)

@@ -24,6 +24,7 @@ from atoll.live.comm.messages import (
     BeatOnce,
     CommStatus,
     HealReceived,
+    NotSent,
     PullReceived,
     RefusalReceived,
     RequestHeal,
@@ -328,3 +329,23 @@ def test_a_budget_answer_that_comes_before_the_first_heal_is_kept():
     learner.step(TOKENS)
     assert learner.should_stop and learner.proto.phase is Phase.DONE
     assert [o.fragment for _, o in port.sent] == [0, 1, 2]  # the final flush
+
+
+def test_a_contribution_that_did_not_encode_is_the_protocols_to_decide():
+    """The live communication side says only that a contribution did not encode (NotSent);
+    the learner protocol makes it a refusal and asks for a heal (`on_unsendable`), as under
+    the virtual-time driver (tests/unit/test_sim.py)."""
+    sim = DecoupledSim(CFG)
+    plan = sim.plan
+    init = [plan.flatten(dict(sim.learners[0].model.named_parameters()), p) for p in range(3)]
+    port = ScriptedPort()
+    welcome = convert.welcome(plan, CFG.learner_config(), "epoch-1", True, 1 << 16, 1 << 24)
+    port.now += [Welcomed(welcome.SerializeToString()), HealReceived(_script(plan, init)[0][1])]
+    events: list[Event] = []
+    learner = ScriptedLearner(port, new_model(CFG))
+    learner.events.write = events.append
+    port.now.append(NotSent(1, "payload holds non-finite values"))
+    learner.step(TOKENS)
+    assert port.sent == [("heal_request",)] and learner.refused == 1
+    (refused,) = [e.data for e in events if isinstance(e.data, PushRefused)]
+    assert refused.fragment == 1 and refused.reason == "not sent: payload holds non-finite values"

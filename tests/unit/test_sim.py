@@ -1,5 +1,6 @@
 """End-to-end runs of the virtual-time driver on a tiny model."""
 
+import dataclasses
 import json
 
 import pytest
@@ -170,3 +171,31 @@ def test_every_subcommand_prints_its_help(command, capsys):
         atoll_main([command, "--help"])
     assert done.value.code == 0
     assert f"usage: atoll {command}" in capsys.readouterr().out
+
+
+def test_a_contribution_that_does_not_encode_makes_its_learner_heal_and_the_run_goes_on():
+    """The virtual-time driver hands an encode failure (a diverged learner's values) to the
+    learner protocol (`on_unsendable`), as the live communication side does (NotSent): the
+    contribution is not sent, the learner heals, the run ends as usual."""
+    from atoll.core import codec
+    from atoll.core.events import Healed, PushRefused
+    from atoll.sim.decoupled import DecoupledSim
+    from tests.helpers import CFG
+
+    sim = DecoupledSim(dataclasses.replace(CFG, steps=12))
+    learner = sim.learners[0]
+    encode, calls = learner.encoder.encode, [0]
+
+    def broken_once(o):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise codec.CodecError("payload holds non-finite values")
+        return encode(o)
+
+    learner.encoder.encode = broken_once
+    res = sim.run()
+    mine = [e for e in sim.events if e.source == learner.id]
+    (refused,) = [e.data for e in mine if isinstance(e.data, PushRefused)]
+    assert refused.reason == "not sent: payload holds non-finite values"
+    assert sum(isinstance(e.data, Healed) for e in mine) == 2  # its join, then the heal asked
+    assert res.tokens >= CFG.learners * 12 * CFG.batch * CFG.context

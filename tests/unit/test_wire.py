@@ -9,7 +9,7 @@ from atoll.chaos import Scenario
 from atoll.config import build, split_overrides
 from atoll.core import codec
 from atoll.core.fragments import make_plan
-from atoll.core.messages import Contribution
+from atoll.core.messages import Contribution, Resume
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.errors import ConfigError
 from atoll.live.comm_mode import resolve_comm
@@ -219,7 +219,7 @@ def test_comm_side_encodes_in_send_order_and_drops_obsolete_contributions():
     assert c.payload == codec.ErrorFeedback("int4", 64, True).encode(1, xs[1])
     for i in (0, 1):
         sub = (Submit(out(3, xs[i], generation=1)),)
-        comm.command(StepState(i + 1, 64 * (i + 1), 0.5 * (i + 1), 0.5, (0,), (0,), sub))
+        comm.command(StepState(i + 1, 64 * (i + 1), 0.5 * (i + 1), 0.5, Resume((0,), (0,)), sub))
     item = comm.queue.take()
     assert item.outgoing.delta is xs[1] and item.outgoing.work_s == 1.0
     assert comm.queue.counts()[:2] == (1, 2)  # one in flight, two handed over

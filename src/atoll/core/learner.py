@@ -1,12 +1,12 @@
 """The learner protocol state machine (sans-I/O).
 
 It owns no model and no socket. A driver tells it: a local step finished (`on_step`), a message
-arrived (`on_heal`, `on_update`, `on_pull`, `on_refused`, `on_welcome`), the syncer's answer to
-a heartbeat (`budget.answer`, `request_stop`), and asks it, at every step boundary, what to do
-(`boundary`: the sends, the events, and whether to wait and for how long, or that its run is
-over). It applies due global fragments to the parameter tensors it was given, at step
-boundaries only. Both drivers (atoll.sim.decoupled, atoll.live.learner.api) make these calls
-and decide nothing of their own.
+arrived (`on_heal`, `on_update`, `on_pull`, `on_refused`, `on_welcome`), a contribution did not
+encode (`on_unsendable`), the syncer's answer to a heartbeat (`budget.answer`, `request_stop`);
+it asks what a rejoin says (`rejoin_says`), and at every step boundary what to do (`boundary`:
+sends, events, whether to wait and how long, or that its run is over). It applies due global
+fragments to the parameters it was given, at step boundaries only. Both drivers
+(atoll.sim.decoupled, atoll.live.learner.api) make these calls and decide nothing themselves.
 
 Its lifecycle is `phase` (a `Phase`: joining, running, waiting, done, down; learner_types.py).
 
@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from atoll.core import codec, learner_state
+from atoll.core.admission import rejoin
 from atoll.core.budget import BudgetShare
 from atoll.core.counters import FragmentCounters
 from atoll.core.events import Applied, Blocked, Event, Healed, HealNeeded, PushRefused
@@ -56,6 +57,7 @@ from atoll.core.messages import (
     Outgoing,
     Progress,
     Pull,
+    Resume,
     Send,
     UpdateKind,
 )
@@ -85,8 +87,7 @@ class LearnerProtocol:
         self.flat: FragmentStore = flat if flat is not None else TensorFragments(plan, params)
         self.cfg = config or LearnerConfig()
         self.cfg.validate(plan.H)
-        self.step = 0
-        self.seq = 0
+        self.step = self.seq = 0  # steps taken, contributions sent
         self.counters = FragmentCounters(plan.P)
         self.generation = 0  # heals so far: the driver's encoder starts over at each
         self.step_time = EMA(0.1)
@@ -115,11 +116,6 @@ class LearnerProtocol:
         """Tokens trained by this learner (reported in its heartbeats)."""
         return self.counters.total_tokens
 
-    def _flatten(self, p: int, copy: bool = True) -> torch.Tensor:
-        """Fragment p of the parameters, flat, on their device; `copy=False` may return the
-        live buffer."""
-        return self.flat.flatten(p, copy)
-
     def _on_device(self, p: int, value: torch.Tensor) -> torch.Tensor:
         """`value` where fragment p's values are kept (itself when it is there): the store's
         device (an island keeps a sharded fragment's in host memory)."""
@@ -142,7 +138,7 @@ class LearnerProtocol:
         for u in heal.updates:
             p = u.fragment
             if u.kind == UpdateKind.HELD:  # our own value is the global one (digests matched)
-                value = self._flatten(p)
+                value = self.flat.flatten(p)
             elif u.kind == UpdateKind.FULL:
                 value = self._on_device(p, codec.decode(u.payload, self.plan.fragments[p].numel))
             else:
@@ -204,6 +200,11 @@ class LearnerProtocol:
             out.append(Send("syncer", HealRequest(reason, fragment)))
         return out
 
+    def on_unsendable(self, now: float, fragment: int, reason: str) -> list[LearnerOutput]:
+        """Its contribution did not encode (values not finite or beyond the codec's range: a
+        diverged model): not sent, and it heals, as if the syncer had refused it."""
+        return self.on_refused(now, fragment, f"not sent: {reason}", Action.HEAL)
+
     def on_welcome(
         self, now: float, restarted: bool, heal: bool, served: Sequence[int] = ()
     ) -> list[Send]:
@@ -216,6 +217,13 @@ class LearnerProtocol:
         mine = set(served) if served else set(range(self.plan.P))
         self.pulled |= {p for p, r in self.outstanding.items() if not r.answered and p in mine}
         return self.take_pulled(now) if self.phase is Phase.WAITING else []
+
+    def rejoin_says(self, heal: bool = False, other_epoch: bool = False) -> Resume | None:
+        """What a (re)join says of its past (admission.rejoin): nothing before its first heal,
+        else its base and newest versions, keeping its progress unless `heal`; `other_epoch`:
+        it saw an earlier syncer process (the virtual-time driver knows it)."""
+        past = (self.base_version, self.latest_version) if self.healed else None
+        return rejoin(past, heal, other_epoch)
 
     # -- the token budget and the end of the run --------------------------------------------
     def request_stop(self) -> None:
@@ -293,7 +301,7 @@ class LearnerProtocol:
         out = []
         for p in fragments:
             carry = self.cfg.receipt == "carry"  # only then is theta kept past this line
-            theta = self._flatten(p, copy=carry)
+            theta = self.flat.flatten(p, copy=carry)
             buf = self.delta_out(p) if self.delta_out is not None else None
             if buf is None:
                 delta = self.base[p] - theta
@@ -367,7 +375,7 @@ class LearnerProtocol:
             if self.cfg.receipt == "overwrite":  # the local value is not needed: copy it in
                 self.flat.assign(p, self.latest[p])
             else:
-                local = self._flatten(p)
+                local = self.flat.flatten(p)
                 new = receive(self.cfg.receipt, local, self.latest[p], r.at_send, self.cfg.alpha)
                 self.flat.assign(p, new)
             self.base[p] = self.latest[p]  # shared until a newer value arrives

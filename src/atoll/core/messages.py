@@ -191,6 +191,10 @@ class Resume:
     other_epoch: bool = False
     keep_progress: bool = True
 
+    def healing(self) -> Resume:
+        """The same, asking for a heal instead of keeping its progress."""
+        return Resume(self.base_versions, self.latest_versions, self.other_epoch, False)
+
 
 @dataclass(frozen=True)
 class Heal:

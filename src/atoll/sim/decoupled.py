@@ -1,11 +1,9 @@
 """Decoupled DiLoCo in virtual time.
 
-One heap of timed events drives M learner state machines and one syncer state machine (from
-atoll.core); this module only moves messages over simulated links, runs the real training
-steps, injects failures and keeps the books. What is due when is a typed item of the queue
-(sim/queue.py): a step ends (its math runs here), a message reaches the syncer or a learner,
-a syncer timer fires, a learner fails or recovers, a fault of the run's chaos scenario begins
-(atoll.sim.faults), the syncer restarts after a `kill_syncer` fault.
+A queue of timed items (sim/queue.py: a step ends, a message arrives, a syncer timer fires, a
+learner fails or recovers, a chaos fault begins: atoll.sim.faults) drives M learner state
+machines and one syncer state machine (atoll.core); this module only moves messages over
+simulated links, runs the real training steps, injects failures and keeps the books.
 
 Goodput = (learner time spent on steps whose work reached the syncer) / (M * wall time).
 Each step's time is split evenly over the P fragments (the learner protocol keeps these books);
@@ -110,6 +108,7 @@ class DecoupledSim:
             )
         self.by_id = {learner.id: learner for learner in self.learners}
         self.queue = q.Queue()
+        self.push = self.queue.push  # (faults.py pushes too)
         self.events: list[Event] = []
         self.tokens = 0
         self.budget = cfg.budget_tokens()
@@ -130,9 +129,6 @@ class DecoupledSim:
         return ContributionEncoder(self.cfg.codec, self.cfg.group, self.cfg.error_feedback)
 
     # -- plumbing -----------------------------------------------------------------------------
-    def push(self, t: float, item: q.Item) -> None:
-        self.queue.push(t, item)
-
     def syncer_outputs(self, now: float, outputs: list[SyncerOutput]) -> None:
         """The syncer protocol's outputs (a Commit and a PushAnswer need nothing here)."""
         for o in outputs:
@@ -177,7 +173,11 @@ class DecoupledSim:
             self.push(at, q.Up(learner.id, learner.incarnation, o))
             return
         assert isinstance(o, Outgoing) and learner.encoder is not None
-        c = learner.encoder.encode(o)
+        try:
+            c = learner.encoder.encode(o)
+        except codec.CodecError as exc:  # its own values are broken: its protocol decides
+            out = learner.proto.on_unsendable(now, o.fragment, str(exc))
+            return self._learner_outputs(now, learner, out)
         if c is None:  # encoded after a heal that made it obsolete: not sent
             return
         learner.inflight[c.seq] = c.work_s

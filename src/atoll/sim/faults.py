@@ -39,7 +39,6 @@ import torch
 
 from atoll.chaos import Fault
 from atoll.config import SimConfig
-from atoll.core.admission import rejoin
 from atoll.core.events import Chaos, Event, Restored
 from atoll.core.learner import Phase
 from atoll.core.messages import Contribution, Progress, SyncerOutput
@@ -199,12 +198,9 @@ class Faults:
         for learner in world.learners:
             if learner.member != "in":
                 continue
-            if learner.phase in (Phase.RUNNING, Phase.WAITING, Phase.DONE):
-                p = learner.proto
-                past = rejoin((p.base_version, p.latest_version), other_epoch=True)
+            if learner.phase in (Phase.RUNNING, Phase.WAITING, Phase.DONE, Phase.JOINING):
+                past = learner.proto.rejoin_says(other_epoch=True)  # (joining: None, it heals)
                 world.syncer_outputs(now, syncer.on_join(now, learner.id, past))
-            elif learner.phase is Phase.JOINING:  # nothing trained: it heals
-                world.syncer_outputs(now, syncer.on_join(now, learner.id, rejoin(None)))
         held, self._held = self._held, []
         for lid, incarnation, c in held:
             learner = world.by_id[lid]

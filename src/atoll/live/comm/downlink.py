@@ -22,7 +22,6 @@ import grpc
 import torch
 
 from atoll.core import codec
-from atoll.core.admission import rejoin
 from atoll.core.events import Disconnected, Reconnected, RefusedBySyncer, TransferFailed
 from atoll.core.messages import FragmentUpdate, Heal, UpdateKind
 from atoll.eventlog import EventLog
@@ -74,9 +73,10 @@ class Downlink(Part):
     _welcomed: bool = field(default=False, init=False)
 
     def hello(self) -> pb.Hello:
-        force = self.channels.take_heal_request()
+        force = self.channels.take_heal_request()  # a refusal or a broken delta asked for one
         st = self.steps.state  # None: nothing trained yet, its parameters as they started
-        past = rejoin(None if st is None else (st.base_versions, st.latest_versions), force)
+        past = None if st is None else st.rejoin
+        past = past.healing() if past is not None and force else past
         if past is None:
             h = convert.hello(self.id, self.o.incarnation, None, digests=dict(self.o.digests))
         else:

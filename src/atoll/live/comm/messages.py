@@ -24,7 +24,7 @@ from typing import TypeAlias
 import numpy as np
 import torch
 
-from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Pull
+from atoll.core.messages import FragmentUpdate, Heal, Outgoing, Pull, Resume
 
 # a vector in a message: the tensor itself (thread mode), a numpy array or the number of the
 # shared slot it is in (process mode), or None (none: the receiver decodes the payload itself)
@@ -98,14 +98,14 @@ class Start:
 @dataclass(frozen=True)
 class StepState:
     """After a step boundary: counters for heartbeats (which also pace the syncer's pull
-    clock), versions for a resuming Hello, and the contributions now due."""
+    clock), what a rejoin's Hello says (the learner protocol's `rejoin_says`), and the
+    contributions now due."""
 
     steps: int
     tokens: int
     work_s: float
     step_time: float
-    base_versions: tuple[int, ...]
-    latest_versions: tuple[int, ...]
+    rejoin: Resume | None
     submits: tuple[Submit, ...] = ()
     ask: bool = False  # its share of the budget's rest is trained: a heartbeat at once
 
@@ -197,13 +197,21 @@ class CommStatus:
 
 @dataclass(frozen=True)
 class RefusalReceived:
-    """A contribution refused: by the syncer (its answer), or not sent at all (it did not
-    encode); `action` "heal" asks for a heal. (The event the training side then writes is
-    atoll.core.events.PushRefused.)"""
+    """The syncer refused a contribution (its answer; `action` "heal" asks for a heal). (The
+    event the training side then writes is atoll.core.events.PushRefused.)"""
 
     fragment: int
     reason: str
     action: str
+
+
+@dataclass(frozen=True)
+class NotSent:
+    """A contribution that did not encode: the learner protocol decides what follows
+    (`LearnerProtocol.on_unsendable`: a heal)."""
+
+    fragment: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -237,5 +245,5 @@ class BeatDone:
 
 FromComm: TypeAlias = (
     "Welcomed | HealReceived | UpdateReceived | PullReceived | CommStatus | RefusalReceived"
-    " | CommFailed | JoinRetry | BeatDone"
+    " | NotSent | CommFailed | JoinRetry | BeatDone"
 )

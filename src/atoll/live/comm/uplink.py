@@ -20,9 +20,9 @@ import grpc
 
 from atoll.core.codec import CodecError
 from atoll.core.events import PushFailed
-from atoll.core.messages import Action, Contribution
+from atoll.core.messages import Contribution
 from atoll.eventlog import EventLog
-from atoll.live.comm.messages import RefusalReceived
+from atoll.live.comm.messages import NotSent, RefusalReceived
 from atoll.live.comm.part import Part
 from atoll.live.comm.sendqueue import Pending, SendQueue
 from atoll.wire import atoll_pb2 as pb
@@ -78,9 +78,8 @@ class Uplink(Part):
             return None
         try:
             c = enc.encode(o)
-        except CodecError as exc:  # the learner's own values are broken (a diverged model)
-            # its own values are broken: a heal, as if the syncer had refused them
-            self.reporter.send(RefusalReceived(o.fragment, f"not sent: {exc}", Action.HEAL))
+        except CodecError as exc:  # its own values are broken (a diverged model): its protocol
+            self.reporter.send(NotSent(o.fragment, str(exc)))  # decides (a heal)
             return None
         return None if c is None else Pending(o, c)
 

@@ -41,6 +41,7 @@ from atoll.live.comm.messages import (
     FromComm,
     HealReceived,
     JoinRetry,
+    NotSent,
     PullReceived,
     RefusalReceived,
     RequestHeal,
@@ -295,8 +296,7 @@ class Learner:
                 tokens=self.tokens_done,
                 work_s=p.work_s,
                 step_time=p.step_time.value or 0.0,
-                base_versions=tuple(p.base_version),
-                latest_versions=tuple(p.latest_version),
+                rejoin=p.rejoin_says(),
                 submits=tuple(self._submits),
                 ask=self.budget.ask(p.tokens),
             )
@@ -344,6 +344,9 @@ class Learner:
             case RefusalReceived(fragment, reason, action):
                 self.refused += 1
                 self._outputs(proto.on_refused(time.time(), fragment, reason, action))
+            case NotSent(fragment, reason):
+                self.refused += 1
+                self._outputs(proto.on_unsendable(time.time(), fragment, reason))
             case CommFailed(reason) as failed:  # nothing would reach the syncer again: stop
                 self.events.record(self.id, CommFatal(reason))
                 raise joining.failure(self, failed)
