@@ -44,6 +44,9 @@ CONFIG = st.fixed_dictionaries(
         "codec": mostly(st.just(""), st.sampled_from(["int4", "fp32"]), share=1),
         "down_codec": st.sampled_from(["fp32", "int8"]),
         "history": st.sampled_from([2, 4, 64]),
+        # the round's data path: the reference, or the fused kernels (core/fused.py) for
+        # every fragment (their default takes only fragments of 256K values and up)
+        "fused": st.sampled_from(["off", "on"]),
     }
 )
 PRELUDE = st.lists(

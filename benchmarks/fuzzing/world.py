@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from atoll.core import codec
+from atoll.core import codec, fused
 from atoll.core.fragments import make_plan
 from atoll.core.messages import Contribution
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
@@ -41,6 +41,12 @@ def valid_contribution(
     return Contribution(learner, p, seq, proto.version[p], payload, 2, 128, 1.0, 0.1, 0.2)
 
 
+def _values(theta: Any) -> Any:
+    """A pending contribution's values: held as its frame on the fused path (`fused.Held`,
+    decoded here as the reference decodes it), else the tensor itself."""
+    return theta.values() if isinstance(theta, fused.Held) else theta
+
+
 def fingerprint(proto: SyncerProtocol) -> Any:
     """The durable state (`state_dict()`, every tensor bit for bit) and, when the protocol
     exposes them, the pending contributions of the open rounds."""
@@ -48,7 +54,7 @@ def fingerprint(proto: SyncerProtocol) -> Any:
     rounds = None
     if isinstance(pend, list):
         rounds = [
-            sorted((lid, x.c.seq, x.c.base_version, frozen(x.theta)) for lid, x in r.items())
+            sorted((k, x.c.seq, x.c.base_version, frozen(_values(x.theta))) for k, x in r.items())
             for r in pend
         ]
     return (frozen(proto.state_dict()), rounds)
