@@ -4,7 +4,7 @@ gone since, or the window after the budget (`after_s` + the pull's answer window
 
 from __future__ import annotations
 
-from atoll.core.budget import RunEnd, TokenBudget
+from atoll.core.budget import BeatAnswer, RunEnd, TokenBudget
 from atoll.core.events import Event, RunOver
 from atoll.core.messages import Progress, RunDeadline, SetTimer
 from tests.helpers import setup
@@ -105,3 +105,17 @@ def test_rejoins_as_the_syncer_saw_them_count_each_new_process_once():
     ]  # fmt: skip
     assert syncer_rejoins(events) == [2.5]
     assert syncer_rejoins(events[:3]) == []
+
+
+def test_a_heartbeat_gets_the_budgets_answer_from_the_protocol():
+    """`on_beat`: the live syncer's heartbeats are counted by the protocol (the same rule as
+    `on_tokens`), which answers each with what is left of the budget, then stop."""
+    s = _syncer()
+    answer, out = s.on_beat(10.0, 400, 2)
+    assert out == [] and answer == BeatAnswer(stop=False, budget=True, remaining=600, live=2)
+    answer, out = s.on_beat(11.0, 1000, 2)
+    assert answer.stop and answer.remaining == 0 and out == [
+        SetTimer(11.0 + AFTER_S + 1.0, RunDeadline())
+    ]
+    assert s.on_beat(11.5, 1200, 1) == (BeatAnswer(True, True, 0, 1), [])  # spent once
+    assert _syncer(budget=0).on_beat(1.0, 10**12, 2)[0] == BeatAnswer(False, False, 0, 2)

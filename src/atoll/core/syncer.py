@@ -44,7 +44,7 @@ import torch
 
 from atoll.core import fused, intake
 from atoll.core.admission import HealCache, SeenVersions, can_resume
-from atoll.core.budget import RunEnd, TokenBudget
+from atoll.core.budget import BeatAnswer, RunEnd, TokenBudget
 from atoll.core.checks import Pending, check_contribution, decode_checked
 from atoll.core.closing import RoundClosing
 from atoll.core.counters import token_weight
@@ -224,6 +224,15 @@ class SyncerProtocol(RoundClosing, StateView):
         starts (a `RunDeadline` timer), and the run is over at once if no learner is left."""
         window = self.pulled.window(self.grace, self.listening)
         return self.end.on_tokens(now, total, window, self.live)
+
+    def on_beat(
+        self, now: float, total: int, sessions: int
+    ) -> tuple[BeatAnswer, list[SyncerOutput]]:
+        """A heartbeat counted: the run has `total` tokens by a driver's books, `sessions`
+        learners have a session. The budget's answer to the beat (core/budget.py: what is left,
+        or stop) and what the count sets off (`on_tokens`)."""
+        out = self.on_tokens(now, total)
+        return self.end.budget.answer(total, sessions), out
 
     def run_over(self, now: float) -> bool:
         """Whether the run is over: the budget spent, and every learner left since or the

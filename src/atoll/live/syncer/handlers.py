@@ -205,19 +205,11 @@ class Handlers(pbg.SyncerServicer):
     def Heartbeat(self, beat: pb.Beat, context: grpc.ServicerContext) -> pb.BeatReply:  # noqa: N802
         rt = self.rt
         now = time.time()
+        counters = (beat.step, beat.tokens, beat.work_s)
+        progress = convert.progress_from_beat(beat, now)
         with rt.lock:
-            sess = rt.sessions.get(beat.learner)
-            known = sess is not None and sess.incarnation == beat.incarnation
-            if known:  # only a joined learner's counters count, and only within bounds
-                sess.last_seen = now
-                sess.finishing = sess.finishing or beat.final
-                if rt.books.beat(
-                    beat.learner, beat.incarnation, beat.step, beat.tokens, beat.work_s
-                ):
-                    rt.roster.beat(beat.learner, beat.incarnation, beat.step)
-                    rt.counted(now)
-                rt.process(now, rt.proto.on_progress(now, convert.progress_from_beat(beat, now)))
-            answer = rt.beat_answer()
+            known, answer = rt.beat(now, beat.learner, beat.incarnation, beat.final, counters,
+                                    progress)  # fmt: skip
         return convert.beat_reply(rt.epoch, known, answer)
 
     def Pulls(self, h: pb.ControlHello, context: grpc.ServicerContext) -> Iterator[pb.ControlDown]:  # noqa: N802

@@ -40,7 +40,7 @@ from atoll.core.events import (
     TransferBroken,
 )
 from atoll.core.fragments import FragmentPlan
-from atoll.core.messages import Commit, FragmentUpdate, Pull, Send, SetTimer, TimerKey
+from atoll.core.messages import Commit, FragmentUpdate, Progress, Pull, Send, SetTimer, TimerKey
 from atoll.core.shards import owned
 from atoll.core.syncer import SyncerConfig, SyncerProtocol
 from atoll.eventlog import EventLog
@@ -250,9 +250,24 @@ class SyncerRuntime:
     def stop_requested(self) -> bool:
         return self.proto.end.budget.stop_requested(self.total_tokens())
 
-    def beat_answer(self) -> BeatAnswer:
-        """The answer to a heartbeat (lock held): the token budget's state."""
-        return self.proto.end.budget.answer(self.total_tokens(), len(self.sessions))
+    def beat(
+        self, now: float, learner: str, incarnation: str, final: bool,
+        counters: tuple[int, int, float], progress: Progress,
+    ) -> tuple[bool, BeatAnswer]:  # fmt: skip
+        """A heartbeat (lock held): a joined session's counters (step, tokens, work seconds)
+        go into the books, within bounds, and its step report to the protocol, which answers
+        with the budget's state (`on_beat`). Returns (its session is known, the answer)."""
+        sess = self.sessions.get(learner)
+        known = sess is not None and sess.incarnation == incarnation
+        if known:  # only a joined learner's counters count
+            sess.last_seen = now
+            sess.finishing = sess.finishing or final
+            if self.books.beat(learner, incarnation, *counters):
+                self.roster.beat(learner, incarnation, counters[0])
+            self.process(now, self.proto.on_progress(now, progress))
+        answer, out = self.proto.on_beat(now, self.total_tokens(), len(self.sessions))
+        self.process(now, out)
+        return known, answer
 
     def counted(self, now: float) -> None:
         """The books' tokens changed (lock held): the protocol decides whether that spends the
