@@ -43,12 +43,14 @@ def _sets(extra: list[str]) -> list[str]:
     return [x for kv in [*TINY, *extra] for x in ("--set", kv)]
 
 
-def _limit(spec: str | None):  # noqa: ANN202
+def _limited(cmd: list[str], spec: str | None) -> list[str]:
+    """`cmd` under a descriptor limit SOFT:HARD (util-linux's prlimit; not a preexec_fn:
+    forking a process that has used gRPC with Python code to run before exec loses a few
+    children in a hundred)."""
     if not spec:
-        return None
+        return cmd
     soft, _, hard = spec.partition(":")
-    lim = (int(soft), int(hard or soft))
-    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, lim)
+    return ["prlimit", f"--nofile={int(soft)}:{int(hard or soft)}", "--", *cmd]
 
 
 def start(run_dir: Path, nofile: str | None = None) -> tuple:
@@ -59,8 +61,8 @@ def start(run_dir: Path, nofile: str | None = None) -> tuple:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir), "--run-id",
            RUN, "--no-budget", *_sets(["steps=100000"])]  # fmt: skip
-    syncer = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, preexec_fn=_limit(nofile))  # fmt: skip
+    syncer = subprocess.Popen(_limited(cmd, nofile), env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)  # fmt: skip
     addr = syncer_address(run_dir, 60, alive=lambda: syncer.poll() is None)
     if addr is None:
         syncer.kill()

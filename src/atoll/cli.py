@@ -40,6 +40,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from atoll.live.common import tie_to_parent
+
+    tie_to_parent()  # a child of `atoll run` or of a shard set ends with it
     if argv[:1] == ["--"]:  # an island's ranks: torchrun hands them the command after "--"
         argv = argv[1:]
     command = next((a for a in argv if not a.startswith("-")), None)

@@ -147,23 +147,25 @@ def test_a_scenario_of_every_fault_kind_runs_live_and_nothing_is_lost(tmp_path):
 
 def _syncer(run_dir, fsize=None, port=0):
     import os
-    import resource
-    import signal
 
-    def limit():
-        if fsize:  # a disk that fills up: writes past `fsize` bytes fail (EFBIG)
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
+    # a disk that fills up: writes past `fsize` bytes fail (EFBIG), set by a small program that
+    # then execs the syncer (not a preexec_fn: forking this process, which has used gRPC, with
+    # Python code to run before exec loses a few children in a hundred)
+    limit = (
+        "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize})); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
     sets = []
     for kv in [*TINY, "learners=1", "steps=100000", "snapshot_every_s=600", f"port={port}"]:
         sets += ["--set", kv]
     (run_dir / "syncer.addr").unlink(missing_ok=True)
+    wrap = [sys.executable, "-c", limit] if fsize else [sys.executable]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir),
+        [*wrap, "-m", "atoll.cli", "syncer", "--run-dir", str(run_dir),
          "--run-id", "disk", *sets],  # fmt: skip
         env={**os.environ, "ATOLL_SECRET": "disk-secret-0123"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     return proc
 

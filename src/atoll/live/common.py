@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import signal
+from collections.abc import Mapping
 
 from atoll.config import add_set_argument
 
@@ -25,6 +27,29 @@ def add_auth_arguments(p: argparse.ArgumentParser) -> None:
         help="file holding the run's shared secret (default: the ATOLL_SECRET environment "
         "variable; never pass the secret itself on the command line)",
     )
+
+
+PARENT_PID = "ATOLL_PARENT_PID"  # set for a supervised child (`supervised_env`)
+
+
+def supervised_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child this process supervises: the child ties its life to this
+    process at its start (`tie_to_parent`, atoll.cli). Not a `preexec_fn`: Python code that
+    runs between fork and exec in a process that uses gRPC loses children (2 to 4 in 100 died
+    before exec here; none without it)."""
+    return {**(os.environ if env is None else env), PARENT_PID: str(os.getpid())}
+
+
+def tie_to_parent() -> None:
+    """At a supervised child's start: SIGTERM when its parent dies (`die_with_parent`); an
+    exit at once when that parent is gone already. The variable is removed, so that this
+    process's own children (an island's ranks) do not take it for theirs."""
+    pid = os.environ.pop(PARENT_PID, None)
+    if not pid:
+        return
+    die_with_parent()
+    if os.getppid() != int(pid):
+        raise SystemExit(f"atoll: the process that started this one ({pid}) has exited")
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

@@ -48,7 +48,7 @@ from atoll.eventlog import EventLog, load_events
 from atoll.live.address import free_port
 from atoll.live.comm.faults import write_fault
 from atoll.live.comm_mode import resolve_comm
-from atoll.live.common import die_with_parent
+from atoll.live.common import supervised_env
 from atoll.live.summary import books_tokens
 from atoll.live.view import view_for
 
@@ -152,8 +152,7 @@ class Launcher:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=supervised_env({**os.environ, "PYTHONUNBUFFERED": "1"}),
             )
 
     def _spawn_spare(self, proc: _Proc) -> None:

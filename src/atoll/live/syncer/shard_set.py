@@ -33,7 +33,7 @@ from typing import Any
 from atoll.core.shards import check_identity
 from atoll.errors import EXIT_STORE, ConfigError
 from atoll.live.client import syncer_address, write_address
-from atoll.live.common import die_with_parent
+from atoll.live.common import supervised_env
 
 RESTART_DELAY_S = 0.5  # a shard that died is started again this long after
 _OWN_FLAGS = ("--shards", "--shard", "--run-dir", "--events", "--http-port")  # set per shard
@@ -96,7 +96,7 @@ class _Shard:
         argv += ["--events", str(events), *(["--set", f"port={self.port}"] if self.port else [])]
         argv += ["--http-port", str(self.http_port)] if self.http_port else []
         argv += ["--view", "off"]  # the set's view is the supervisor's
-        self.popen = subprocess.Popen(argv, preexec_fn=die_with_parent)
+        self.popen = subprocess.Popen(argv, env=supervised_env())
 
     def address(self) -> str | None:
         popen = self.popen
