@@ -288,10 +288,11 @@ def _start_time(args: argparse.Namespace, learner: object, stop: dict) -> float:
     from atoll.live.client import status
     from atoll.wire.auth import load_secret
 
+    secret = load_secret(args.secret_file)  # (the Learner has read it already: it exists)
     until = time.time() + 60.0
     while time.time() < until and not stop["now"]:
         try:
-            st = status(args.syncer, args.run_id, load_secret(args.secret_file), 1.0, args.tls_ca)
+            st = status(args.syncer, args.run_id, secret, 1.0, args.tls_ca)
         except Exception:  # noqa: BLE001 - the syncer may be restarting; keep waiting
             st = None
         if st is not None and st.start_at > 0:
